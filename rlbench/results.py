@@ -27,6 +27,9 @@ class CheckResult:
     steps: list[int] = field(default_factory=list)  # the steps the statistic was computed over
     message: str = ""
     scope: str = "numerics"  # "numerics" (per arch) or "device" (per board) or "golden"
+    run: str = ""  # which run the check read: a mode ("colocated", "fully_async") or "" for the only run
+    ref_value: float | None = None  # the reference value, for drawing on the metric's chart
+    ref_band: tuple[float, float] | None = None  # accepted [low, high] interval, for drawing a band
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
