@@ -10,8 +10,8 @@ token's loss by
     w_t = min( pi_old(y_t) / pi_rollout(y_t), C ) = min( exp(log pi_old - log pi_rollout), C )
 
 treated as a constant (detached). This is verl's token-level rollout correction
-(`rollout_is: token`, `rollout_is_threshold: C`), including the clamp of the log ratio to
-[-20, 20] before exp. Weights are 0 on padding.
+(`rollout_is: token`, `rollout_is_threshold: C`; here `actor.tis_cap: C`), including the clamp
+of the log ratio to [-20, 20] before exp. Weights are 0 on padding.
 
 Metrics, over valid tokens, with p = exp(logp) (verl's `calculate_debug_metrics` names):
     training/rollout_probs_diff_mean / _max / _std   |p_old - p_rollout|  (std unbiased)
@@ -41,7 +41,7 @@ def truncated_is_weights(
 ) -> torch.Tensor:
     """Token TIS weights `[N, R]` = min(exp(old - rollout), cap), detached, 0 on padding."""
     if not cap > 0:
-        raise ConfigError(f"algorithm.rollout_is_threshold: the TIS cap must be > 0, got {cap}; 2.0 is the usual value")
+        raise ConfigError(f"actor.tis_cap: the TIS cap must be > 0, got {cap}; 2.0 is the usual value")
     log_ratio = torch.clamp(old_logprob.float() - rollout_logprob.float(), -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     weights = torch.clamp(torch.exp(log_ratio), max=cap)  # [N, R]
     return torch.where(response_mask.bool(), weights, torch.zeros_like(weights))
