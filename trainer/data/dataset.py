@@ -1,0 +1,243 @@
+"""verl-format prompt datasets: read and validate rows, tokenize prompts, serve seeded batches.
+
+A row (one prompt) in verl's format, as stored in ``.parquet``, ``.jsonl`` or ``.json``:
+
+    {"data_source": "openai/gsm8k",                       # picks the reward function
+     "prompt": [{"role": "user", "content": "..."}],      # chat messages
+     "ability": "math",                                   # optional
+     "reward_model": {"style": "rule", "ground_truth": "72"},
+     "extra_info": {"split": "train", "index": 0}}        # optional, passed to the reward
+
+`load_rows(path)` reads a file (or a ``synthetic:...`` spec, see `trainer.data.synthetic`) and
+validates every row; bad input raises `DataError` naming the file, the row index and the field.
+Parquet hands back nested lists as numpy arrays; rows are converted to plain Python first.
+
+`PromptDataset` tokenizes each prompt with the tokenizer's chat template
+(``apply_chat_template(messages, add_generation_prompt=True, tokenize=True)``). A tokenizer
+without a chat template gets the plain-text fallback ``"role: content"`` lines joined by
+newlines, then ``"assistant:"`` on its own line. Prompts longer than `max_prompt_length`
+tokens are dropped and counted (`num_filtered`), or are an error with
+``filter_overlong_prompts=False``. `next_batch()` serves training batches from a seeded
+`EpochSampler` whose state resumes exactly; iterating the dataset gives one pass in row order
+(validation).
+
+Each item: ``{"prompt_ids": list[int], "data_source": str, "ground_truth": str,
+"extra_info": dict, "index": int}`` where ``index`` is the row's position in the input.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from trainer.data.sampler import EpochSampler
+from trainer.errors import DataError
+
+log = logging.getLogger(__name__)
+
+_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def to_python(value: Any) -> Any:
+    """Numpy arrays/scalars (as parquet returns them) -> lists/Python scalars, recursively."""
+    if isinstance(value, np.ndarray):
+        return [to_python(v) for v in value.tolist()] if value.dtype == object else value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, Mapping):
+        return {str(k): to_python(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_python(v) for v in value]
+    return value
+
+
+def _where(source: str, field: str | None) -> str:
+    return f"{field}: {source}" if field else source
+
+
+def validate_row(row: Any, where: str) -> dict[str, Any]:
+    """One row checked and normalized; `where` is ``"<field>: <path> row <i>"`` for messages."""
+    if not isinstance(row, Mapping):
+        raise DataError(f"{where}: must be a mapping with data_source, prompt, reward_model (got {type(row).__name__})")
+    row = to_python(row)
+    source = row.get("data_source")
+    if not isinstance(source, str) or not source:
+        raise DataError(f"{where}: 'data_source' must be a non-empty string naming the reward function")
+    prompt = row.get("prompt")
+    if (
+        not isinstance(prompt, list)
+        or not prompt
+        or not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                   for m in prompt)
+    ):
+        raise DataError(f"{where}: 'prompt' must be a list of {{role, content}} messages")
+    reward_model = row.get("reward_model")
+    if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
+        raise DataError(f"{where}: 'reward_model' must be a mapping with a 'ground_truth' key")
+    truth = reward_model["ground_truth"]
+    if isinstance(truth, bool) or not isinstance(truth, (str, int, float)):
+        raise DataError(f"{where}: 'reward_model.ground_truth' must be a string or number, got {type(truth).__name__}")
+    extra_info = row.get("extra_info")
+    if extra_info is None:
+        extra_info = {}
+    if not isinstance(extra_info, Mapping):
+        raise DataError(f"{where}: 'extra_info' must be a mapping or absent")
+    ability = row.get("ability")
+    return {
+        "data_source": source,
+        "prompt": [{"role": m["role"], "content": m["content"]} for m in prompt],
+        "ability": ability if isinstance(ability, str) else "",
+        "reward_model": {"style": reward_model.get("style") or "rule", "ground_truth": str(truth)},
+        "extra_info": dict(extra_info),
+    }
+
+
+def validate_rows(rows: Sequence[Any], source: str, field: str | None = None) -> list[dict[str, Any]]:
+    """Every row validated (see `validate_row`); DataError when there are none."""
+    if len(rows) == 0:
+        raise DataError(f"{_where(source, field)}: dataset is empty (fix: point it at a file with rows)")
+    return [validate_row(row, f"{_where(source, field)} row {i}") for i, row in enumerate(rows)]
+
+
+def _read_file(path: Path, where: str) -> list[Any]:
+    try:
+        if path.suffix == ".parquet":
+            import pandas as pd
+
+            return pd.read_parquet(path).to_dict(orient="records")
+        text = path.read_text()
+        if path.suffix == ".json":
+            data = json.loads(text)
+            if not isinstance(data, list):
+                raise DataError(f"{where}: a .json dataset must hold a list of rows (fix: or use .jsonl)")
+            return data
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise DataError(f"{where} line {lineno}: not valid JSON ({exc.msg}) (fix: one JSON object per line)") from None
+        return rows
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow/json errors: unreadable file
+        raise DataError(f"{where}: cannot read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}) "
+                        "(fix: check the file is a valid verl dataset)") from None
+
+
+def load_rows(path: str | Path, *, field: str | None = None) -> list[dict[str, Any]]:
+    """Validated rows from a ``.parquet``/``.jsonl``/``.json`` file or a ``synthetic:`` spec.
+
+    `field` (e.g. ``"data.train_files"``) prefixes error messages so they name the config key.
+    """
+    if isinstance(path, str) and path.startswith("synthetic:"):
+        from trainer.data.synthetic import load_synthetic
+
+        return validate_rows(load_synthetic(path), path, field)
+    path = Path(path).expanduser()
+    where = _where(str(path), field)
+    if not path.is_file():
+        raise DataError(f"data file not found: {where} (fix: check the path, or use synthetic:arithmetic-easy)")
+    if path.suffix not in _SUFFIXES:
+        raise DataError(f"{where}: unsupported file type {path.suffix!r} (fix: use .parquet, .jsonl or .json)")
+    return validate_rows(_read_file(path, where), str(path), field)
+
+
+def tokenize_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
+    """Token ids of a chat prompt ready for generation (see the module docstring for the fallback)."""
+    if getattr(tokenizer, "chat_template", None):
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+        if isinstance(out, Mapping) or hasattr(out, "keys"):  # transformers >= 5 returns a BatchEncoding
+            out = out["input_ids"]
+        ids = list(out)
+        if ids and isinstance(ids[0], (list, tuple)):
+            ids = list(ids[0])
+        return [int(i) for i in ids]
+    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
+    return [int(i) for i in tokenizer.encode(text)]
+
+
+class PromptDataset:
+    """Tokenized prompts plus a resumable, seeded batch sampler (see the module docstring)."""
+
+    def __init__(
+        self,
+        rows: Sequence[dict[str, Any]],
+        tokenizer: Any,
+        *,
+        max_prompt_length: int,
+        batch_size: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        filter_overlong_prompts: bool = True,
+        source: str = "<rows>",
+        field: str | None = None,
+    ) -> None:
+        where = _where(source, field)
+        rows = validate_rows(rows, source, field)
+        self.items: list[dict[str, Any]] = []
+        self.num_filtered = 0
+        longest = 0
+        for i, row in enumerate(rows):
+            try:
+                ids = tokenize_prompt(tokenizer, row["prompt"])
+            except Exception as exc:  # jinja errors from a template that rejects the messages
+                raise DataError(f"{where} row {i}: chat template failed on 'prompt' ({exc}) "
+                                "(fix: use roles the model's template accepts)") from None
+            if len(ids) > max_prompt_length:
+                if not filter_overlong_prompts:
+                    raise DataError(
+                        f"{where} row {i}: prompt is {len(ids)} tokens, over data.max_prompt_length="
+                        f"{max_prompt_length} (fix: raise data.max_prompt_length or set data.filter_overlong_prompts=true)"
+                    )
+                self.num_filtered += 1
+                longest = max(longest, len(ids))
+                continue
+            self.items.append(
+                {
+                    "prompt_ids": ids,
+                    "data_source": row["data_source"],
+                    "ground_truth": row["reward_model"]["ground_truth"],
+                    "extra_info": row["extra_info"],
+                    "index": i,
+                }
+            )
+        if self.num_filtered:
+            log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens (longest %d)",
+                        where, self.num_filtered, len(rows), max_prompt_length, longest)
+        if not self.items:
+            raise DataError(f"{where}: all {len(rows)} prompts are longer than data.max_prompt_length="
+                            f"{max_prompt_length} tokens (fix: raise data.max_prompt_length)")
+        self.batch_size = batch_size
+        self.sampler = EpochSampler(len(self.items), batch_size, seed=seed, shuffle=shuffle)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self.items[i]
+
+    def __iter__(self) -> Iterator[list[dict[str, Any]]]:
+        """One pass in row order, `batch_size` items at a time, last batch possibly short."""
+        for start in range(0, len(self.items), self.batch_size):
+            yield self.items[start : start + self.batch_size]
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    def next_batch(self) -> list[dict[str, Any]]:
+        """The next training batch (`batch_size` items); moves to the next epoch when needed."""
+        return [self.items[i] for i in self.sampler.next_indices()]
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.sampler.load_state_dict(state)
