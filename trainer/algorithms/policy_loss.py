@@ -29,7 +29,8 @@ Value loss (verl's `compute_value_loss`, from PPO's clipped value objective):
     L_v    = 0.5 * agg(max((v - R)^2, (v_clip - R)^2))
     critic/vf_clipfrac = fraction of tokens where the clipped error is larger.
 
-Entropy: H = logsumexp(z) - sum softmax(z) * z, over the last axis, in fp32.
+Entropy: H = logsumexp(z) - sum softmax(z) * z, over the last axis, in fp32, with z shifted by its
+max first (verl's formula; the shift keeps precision for large logits).
 
 Departure: metrics are returned as detached 0-dim tensors (no host sync); call `.item()` to log.
 """
@@ -140,6 +141,8 @@ def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
     Stable for large logits (logsumexp) and for -inf logits (masked vocabulary entries add 0).
     """
     z = logits.float()  # [..., V]
+    # Shift by the row max: the same entropy, without the cancellation of two large numbers.
+    z = z - z.amax(dim=-1, keepdim=True).detach()
     probs = torch.softmax(z, dim=-1)  # [..., V]
     # Zero the logits that have probability 0 (e.g. -inf) before the product, so that neither the
     # value nor the gradient sees 0 * -inf.
