@@ -1,0 +1,185 @@
+"""The policy worker: log-probs for a batch, and the PPO-style update over mini- and micro-batches.
+
+`Actor.update` is verl's `update_policy`, written out:
+
+    for epoch in range(ppo_epochs):
+        for mini_batch in batch.chunks(ppo_mini_batch_size * n):         # one optimizer step each
+            counts = tokens / sequences of the mini-batch (summed over data-parallel workers)
+            for micro in mini_batch.chunks(ppo_micro_batch_size_per_gpu):
+                logp, entropy = forward(micro)                             # [n, R]
+                loss = pg_loss(old_logp, logp, adv) - entropy_coeff * H + kl_coef * KL(logp, ref)
+                loss.backward()                                            # each term normalized by the
+                                                                           # mini-batch's global counts
+            clip_grad_norm; optimizer.step()
+
+Because every micro-batch loss is divided by the *mini-batch's* token (or sequence) count, the
+gradient is the same whatever the micro-batch size and the number of data-parallel workers.
+When the step is exactly on-policy (one epoch, one mini-batch, old log-probs recomputed by the
+trainer) the update forward *is* the old-log-prob forward: `old_logprobs = logp.detach()`, saving a
+forward pass, as verl does.
+
+Data parallelism: when `torch.distributed` is initialized with several ranks the model is sharded
+with FSDP2 (`fully_shard`, `trainer/backends/fsdp.py`) and the counts are all-reduced.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Iterator
+
+import torch
+import torch.distributed as dist
+
+from trainer.algorithms.aggregation import agg_loss, global_counts, masked_mean
+from trainer.algorithms.kl import kl_penalty
+from trainer.algorithms.mismatch import truncated_is_weights
+from trainer.algorithms.policy_loss import compute_policy_loss
+from trainer.batch import Batch
+from trainer.config import ActorConfig
+from trainer.ops.logprobs import response_logprobs
+
+
+def dp_world() -> tuple[int, int]:
+    """(rank, world size) of the data-parallel group; (0, 1) when not distributed."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _all_reduce_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    if dp_world()[1] == 1:
+        return values
+    t = torch.tensor(list(values.values()), dtype=torch.float64, device=device)
+    dist.all_reduce(t)
+    return dict(zip(values, t.tolist()))
+
+
+class Actor:
+    """Holds the trainable policy (and its optimizer) on this worker."""
+
+    def __init__(self, model: torch.nn.Module, cfg: ActorConfig, *, temperature: float, max_response_length: int,
+                 device: torch.device):
+        self.cfg = cfg
+        self.temperature = temperature
+        self.max_response_length = max_response_length
+        self.device = device
+        self.model = model
+        self.optimizer = torch.optim.AdamW(
+            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
+            weight_decay=cfg.weight_decay, foreach=device.type != "cpu" or None)
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+
+    # ------------------------------------------------------------------ inference
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:
+        """Log-probs `[N, R]` of the batch's responses under the current weights."""
+        self.model.eval()
+        size = micro_batch_size or self.cfg.ppo_micro_batch_size_per_gpu
+        out = []
+        for micro in batch.chunks(size):
+            micro = micro.to(self.device)
+            logp, _ = response_logprobs(self.model, micro, temperature=self.temperature,
+                                        chunk_size=self.cfg.logprob_chunk_size)
+            out.append(logp.float().cpu())
+        return torch.cat(out)
+
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """Full (unsharded) weights by name, for syncing to the rollout engine."""
+        for name, p in self.model.named_parameters():
+            full = p.full_tensor() if hasattr(p, "full_tensor") else p
+            yield name, full.detach()
+
+    # ------------------------------------------------------------------ update
+    def num_mini_batches(self, batch: Batch, n: int) -> int:
+        size = self.cfg.ppo_mini_batch_size * n
+        return -(-len(batch) // size)
+
+    def is_on_policy(self, batch: Batch, n: int) -> bool:
+        return self.cfg.ppo_epochs == 1 and self.num_mini_batches(batch, n) == 1
+
+    def update(self, batch: Batch, n: int, *, reuse_forward_as_old: bool = False) -> dict[str, float]:
+        """PPO epochs over mini-batches of `ppo_mini_batch_size * n` responses. Returns mean metrics.
+
+        `reuse_forward_as_old`: the batch has no `old_logprobs`; the step is on-policy, so the
+        update forward's own (detached) log-probs are the old ones. They are written back into
+        `batch.old_logprobs` for the mismatch metrics.
+        """
+        cfg = self.cfg
+        self.model.train()
+        metrics: dict[str, list[float]] = defaultdict(list)
+        mini_size = cfg.ppo_mini_batch_size * n
+        old_from_forward: list[torch.Tensor] = []
+        first = True
+        for _ in range(cfg.ppo_epochs):
+            for mini in batch.chunks(mini_size):
+                counts = _all_reduce_sum(global_counts(mini.response_mask), self.device)
+                agg_kw = dict(horizon=self.max_response_length, **counts)
+                self.optimizer.zero_grad(set_to_none=True)
+                mb_stats: dict[str, float] = defaultdict(float)
+                n_tok = max(counts["global_num_tokens"], 1.0)
+                for micro in mini.chunks(cfg.ppo_micro_batch_size_per_gpu):
+                    micro = micro.to(self.device)
+                    mask = micro.response_mask
+                    logp, entropy = response_logprobs(self.model, micro, temperature=self.temperature,
+                                                      chunk_size=cfg.logprob_chunk_size,
+                                                      with_entropy=True)
+                    old = micro.old_logprobs if not reuse_forward_as_old else logp.detach()
+                    if reuse_forward_as_old:
+                        old_from_forward.append(old.float().cpu())
+                    tis = (truncated_is_weights(old, micro.rollout_logprobs, mask, cap=cfg.tis_cap)
+                           if cfg.tis_cap is not None else None)
+                    pg_loss, pg_m = compute_policy_loss(
+                        old, logp, micro.advantages, mask, clip_ratio_low=cfg.clip_ratio_low,
+                        clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+                        loss_agg_mode=cfg.loss_agg_mode, tis_weights=tis, **agg_kw)
+                    loss = pg_loss
+                    ent = agg_loss(entropy if cfg.entropy_coeff != 0 else entropy.detach(), mask,
+                                   cfg.loss_agg_mode, **agg_kw)
+                    if cfg.entropy_coeff != 0:
+                        loss = loss - cfg.entropy_coeff * ent
+                    if cfg.use_kl_loss:
+                        kl = agg_loss(kl_penalty(logp, micro.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg_mode,
+                                      **agg_kw)
+                        loss = loss + cfg.kl_loss_coef * kl
+                        mb_stats["actor/kl_loss"] += kl.item()
+                    loss.backward()
+                    # token-weighted means over the mini-batch (micro-batch means x its token share)
+                    w = mask.sum().item() / n_tok
+                    mb_stats["actor/pg_loss"] += pg_loss.item()
+                    mb_stats["actor/entropy"] += ent.item()
+                    for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+                        mb_stats[k] += float(pg_m[k]) * w
+                    if tis is not None:
+                        mb_stats["actor/tis_weight_mean"] += masked_mean(tis, mask).item() * w
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                if torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                else:
+                    metrics["actor/grad_norm_nonfinite"].append(1.0)
+                self.scheduler.step()
+                if first:
+                    metrics["actor/ppo_kl_first_minibatch"].append(mb_stats["actor/ppo_kl"])
+                    metrics["actor/pg_clipfrac_first_minibatch"].append(mb_stats["actor/pg_clipfrac"])
+                    first = False
+                for k, v in mb_stats.items():
+                    metrics[k].append(v)
+                metrics["actor/grad_norm"].append(float(grad_norm))
+        if reuse_forward_as_old:
+            batch.old_logprobs = torch.cat(old_from_forward)
+        out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        self.model.eval()
+        return out
+
+    # ------------------------------------------------------------------ checkpoint
+    def state_dict(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])

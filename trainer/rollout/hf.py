@@ -1,0 +1,143 @@
+"""The built-in `hf` rollout engine: batched sampling on a transformers model with a KV cache.
+
+Runs anywhere transformers runs (CPU included). Prompts are left-padded into one batch, prefilled
+once, then decoded one token per forward with the model's KV cache. Each sampled token's
+log-probability is taken from `log_softmax(logits / temperature)` in fp32, the definition the
+trainer uses (`trainer/ops/logprobs.py`), so rollout-vs-trainer mismatch measures numerics only.
+Top-k / top-p filter what can be *sampled*; the reported log-prob is under the unfiltered
+temperature-scaled distribution (the trainer cannot apply the filters; with the default
+top_k=-1, top_p=1 the two agree). Finished rows are dropped from the batch as they finish, so late
+decode steps run on the rows still going.
+
+The engine owns its copy of the weights (possibly in another dtype than the trainer's);
+`update_weights` copies the trainer's tensors in place.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import Iterable
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
+
+# transformers 5.x renames `past_key_values` to `cache`; the old name works across 4.56-5.x.
+warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")
+
+
+def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick the next token of each row of `logits` [B, V] and return `(tokens [B], logprobs [B])`."""
+    if params.greedy:
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        tokens = logp.argmax(-1)
+        return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+    scaled = logits.float() / params.temperature  # [B, V]
+    logp = torch.log_softmax(scaled, dim=-1)  # [B, V]
+    masked = scaled
+    if params.top_k > 0 and params.top_k < scaled.shape[-1]:
+        kth = torch.topk(scaled, params.top_k, dim=-1).values[:, -1:]
+        masked = masked.masked_fill(masked < kth, float("-inf"))
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(masked, descending=True, dim=-1)
+        cum = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
+        drop_sorted = cum - torch.softmax(sorted_logits, dim=-1) > params.top_p  # keep the token that crosses top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        masked = masked.masked_fill(drop, float("-inf"))
+    probs = torch.softmax(masked, dim=-1)
+    tokens = torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # [B]
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class HFRolloutEngine(RolloutEngine):
+    name = "hf"
+
+    def __init__(self, model: PreTrainedModel, *, pad_token_id: int, eos_token_ids: list[int], seed: int = 0,
+                 dtype: torch.dtype | None = None, device: torch.device | str | None = None, share_weights: bool = False):
+        self.model = model if share_weights else copy.deepcopy(model)
+        if dtype is not None:
+            self.model.to(dtype)
+        if device is not None:
+            self.model.to(device)
+        self.model.eval()
+        self.model.requires_grad_(False)
+        self.device = next(self.model.parameters()).device
+        self.pad_token_id = pad_token_id
+        self.eos_token_ids = list(eos_token_ids)
+        self.generator = torch.Generator(device=self.device)
+        self.generator.manual_seed(seed)
+        self.version = 0
+        self._params = dict(self.model.named_parameters())
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        for name, tensor in named_tensors:
+            target = self._params.get(name)
+            if target is None:
+                raise KeyError(f"rollout engine has no parameter named {name}")
+            if target.data_ptr() != tensor.data_ptr():
+                target.copy_(tensor, non_blocking=True)
+        self.version += 1
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+        n = params.n
+        rows = [p for p in prompts for _ in range(n)]  # [B] prompts, each repeated n times
+        b = len(rows)
+        p_len = max(len(r) for r in rows)
+        input_ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
+        attn = torch.zeros((b, p_len), dtype=torch.long)
+        for i, r in enumerate(rows):
+            input_ids[i, p_len - len(r):] = torch.tensor(r, dtype=torch.long)
+            attn[i, p_len - len(r):] = 1
+        input_ids, attn = input_ids.to(self.device), attn.to(self.device)
+        pos = (attn.cumsum(-1) - 1).clamp(min=0)
+        stop = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=self.device)
+
+        out_tokens: list[list[int]] = [[] for _ in range(b)]
+        out_logps: list[list[float]] = [[] for _ in range(b)]
+        finish = ["length"] * b
+        alive = torch.arange(b, device=self.device)  # original row of each batch row still decoding
+
+        cache = DynamicCache()
+        logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                            use_cache=True).logits[:, -1]  # [B, V]
+        next_pos = pos[:, -1:] + 1  # [B, 1]
+        toks_hist, lps_hist, rows_hist = [], [], []
+        for t in range(params.max_new_tokens):
+            tokens, logps = sample_next(logits, params, self.generator)  # [B'], [B']
+            toks_hist.append(tokens)
+            lps_hist.append(logps)
+            rows_hist.append(alive)
+            done = torch.isin(tokens, stop)
+            if t == params.max_new_tokens - 1:
+                break
+            if done.any():
+                for row in alive[done].tolist():
+                    finish[row] = "stop"
+                keep = (~done).nonzero().squeeze(-1)
+                if keep.numel() == 0:
+                    break
+                alive, tokens, next_pos = alive[keep], tokens[keep], next_pos[keep]
+                attn = attn[keep]
+                cache.batch_select_indices(keep)
+            attn = torch.cat([attn, torch.ones_like(attn[:, :1])], dim=-1)
+            logits = self.model(input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos,
+                                past_key_values=cache, use_cache=True).logits[:, -1]
+            next_pos = next_pos + 1
+        # rows that stopped on the very last sampled token
+        if toks_hist:
+            last_done = torch.isin(toks_hist[-1], stop)
+            for row in rows_hist[-1][last_done].tolist():
+                finish[row] = "stop"
+        for toks, lps, rws in zip(toks_hist, lps_hist, rows_hist):
+            for row, tok, lp in zip(rws.tolist(), toks.tolist(), lps.tolist()):
+                out_tokens[row].append(tok)
+                out_logps[row].append(lp)
+        return Rollout(prompt_ids=rows, response_ids=out_tokens, response_logprobs=out_logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(b)], policy_version=[self.version] * b)

@@ -1,0 +1,192 @@
+"""The pieces of one RL step that both execution modes share: build, generate, score, validate.
+
+The loops in `trainer/modes/` call these in order; each returns plain tensors or dicts, so a
+step reads top to bottom in the loop itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer.algorithms.dapo import dynamic_sampling_keep, overlong_reward_penalty
+from trainer.backends.actor import Actor
+from trainer.backends.critic import Critic
+from trainer.batch import Batch, batch_from_rollout, concat_batches
+from trainer.config import TrainerConfig
+from trainer.config import DataConfig
+from trainer.data.dataset import PromptDataset, load_rows
+from trainer.data.synthetic import SPEC_PREFIX, ensure_synthetic, load_synthetic
+from trainer.models import eos_token_ids, load_model_and_tokenizer, resolve_dtype
+from trainer.rewards import compute_score
+from trainer.rollout.base import RolloutEngine, SamplingParams
+from trainer.rollout.registry import build_engine
+
+
+@dataclass
+class Components:
+    cfg: TrainerConfig
+    tokenizer: Any
+    actor: Actor
+    engine: RolloutEngine
+    ref: torch.nn.Module | None
+    critic: Critic | None
+    train_data: PromptDataset
+    val_data: PromptDataset | None
+    device: torch.device
+    eos_ids: list[int]
+
+
+def load_split(data: DataConfig) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Train and validation rows: from files, or a synthetic task's disjoint splits."""
+    if data.train_files.startswith(SPEC_PREFIX):
+        train, val = ensure_synthetic(data.train_files)
+    else:
+        train, val = load_rows(data.train_files), []
+    if data.val_files:
+        val = load_synthetic(data.val_files) if data.val_files.startswith(SPEC_PREFIX) else load_rows(data.val_files)
+    return train, val
+
+
+def pick_device(cfg: TrainerConfig) -> torch.device:
+    if cfg.trainer.device == "cpu" or (cfg.trainer.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    return torch.device("cuda", local_rank)
+
+
+def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Components:
+    """Load the model, data, rollout engine, reference and critic a run needs."""
+    device = pick_device(cfg)
+    if cfg.trainer.num_threads:
+        torch.set_num_threads(cfg.trainer.num_threads)
+    torch.manual_seed(cfg.trainer.seed)
+    train_rows, val_rows = load_split(cfg.data)
+    # Load data before the model: a bad dataset path fails in a second, not after a model load.
+    model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
+    train = PromptDataset(train_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                          batch_size=cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+                          filter_overlong_prompts=cfg.data.filter_overlong_prompts, source=cfg.data.train_files)
+    val = None
+    if val_rows:
+        if cfg.data.num_val_samples is not None:
+            val_rows = val_rows[: cfg.data.num_val_samples]
+        val = PromptDataset(val_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                            batch_size=cfg.data.val_batch_size or len(val_rows), seed=0, shuffle=False,
+                            filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files)
+    eos = eos_token_ids(tokenizer, model)
+    ref = None
+    if cfg.actor.use_kl_loss:
+        ref = copy.deepcopy(model).to(device).requires_grad_(False).eval()
+    critic = None
+    if cfg.critic.enable:
+        critic = Critic(model, cfg.critic, device=device, mini_batch_size=cfg.actor.ppo_mini_batch_size,
+                        micro_batch_size=cfg.actor.ppo_micro_batch_size_per_gpu, ppo_epochs=cfg.actor.ppo_epochs,
+                        loss_agg_mode=cfg.actor.loss_agg_mode)
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+    model.to(device)
+    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature,
+                  max_response_length=cfg.data.max_response_length, device=device)
+    engine = build_engine(cfg, model, tokenizer, eos, device) if with_engine else None
+    return Components(cfg, tokenizer, actor, engine, ref, critic, train, val, device, eos)
+
+
+def sampling_params(cfg: TrainerConfig, eos_ids: list[int], *, validation: bool = False) -> SamplingParams:
+    r = cfg.rollout
+    if validation:
+        return SamplingParams(n=r.val_n, temperature=r.val_temperature, greedy=r.val_greedy,
+                              max_new_tokens=cfg.data.max_response_length, stop_token_ids=eos_ids)
+    return SamplingParams(n=r.n, temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                          max_new_tokens=cfg.data.max_response_length, stop_token_ids=eos_ids)
+
+
+def generate(engine: RolloutEngine, items: list[dict[str, Any]], params: SamplingParams, *, pad_token_id: int,
+             max_response_length: int) -> Batch:
+    """Sample `params.n` responses per prompt item and pad them into a Batch (meta carries the rows)."""
+    rollout = engine.generate([it["prompt_ids"] for it in items], params)
+    batch = batch_from_rollout(rollout, pad_token_id=pad_token_id, max_response_length=max_response_length)
+    batch.meta = {k: [items[g][k] for g in rollout.group_index] for k in ("data_source", "ground_truth", "extra_info")}
+    batch.meta["finish_reason"] = rollout.finish_reasons
+    return batch
+
+
+def score(batch: Batch, tokenizer: Any, cfg: TrainerConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rule rewards by data_source: `(scores [N], acc [N])`, DAPO overlong shaping applied to scores."""
+    texts = tokenizer.batch_decode(batch.responses.masked_fill(batch.response_mask == 0, tokenizer.pad_token_id),
+                                   skip_special_tokens=True)
+    results = [compute_score(ds, text, gt, extra) for ds, text, gt, extra in
+               zip(batch.meta["data_source"], texts, batch.meta["ground_truth"], batch.meta["extra_info"])]
+    scores = torch.tensor([r.score for r in results], dtype=torch.float32)
+    acc = torch.tensor([r.acc for r in results], dtype=torch.float32)
+    ob = cfg.algorithm.overlong_buffer
+    if ob.enable:
+        scores = scores + overlong_reward_penalty(batch.response_mask.sum(-1), max_response_length=cfg.data.max_response_length,
+                                                  overlong_buffer_len=ob.len, penalty_factor=ob.penalty_factor)
+    batch.meta["text"] = texts
+    return scores, acc
+
+
+def generate_scored_batch(c: Components, items_fn: Any) -> tuple[Batch, dict[str, float]]:
+    """Generate and score one step's batch; with DAPO dynamic sampling, drop groups whose scores are
+    all equal and generate more (up to `max_num_gen_batches` calls) until `train_batch_size` groups remain.
+
+    Departure from verl: when the cap is reached with fewer groups than asked, verl raises; this trains
+    on the groups it has (and logs `train/num_gen_batches`, `train/kept_groups`).
+    """
+    cfg = c.cfg
+    params = sampling_params(cfg, c.eos_ids)
+    want = cfg.data.train_batch_size
+    kept: list[Batch] = []
+    num_groups, num_gen = 0, 0
+    stats: dict[str, float] = {}
+    while True:
+        batch = generate(c.engine, items_fn(), params, pad_token_id=c.tokenizer.pad_token_id,
+                         max_response_length=cfg.data.max_response_length)
+        batch.scores, acc = score(batch, c.tokenizer, cfg)
+        num_gen += 1
+        if not cfg.algorithm.dynamic_sampling:
+            kept.append(batch)
+            break
+        keep = dynamic_sampling_keep(batch.scores, batch.group_index)
+        if keep.any():
+            kept.append(batch.select(keep.nonzero().squeeze(-1)))
+            num_groups += int(torch.unique(batch.group_index[keep]).numel())
+        if num_groups >= want or num_gen >= cfg.algorithm.max_num_gen_batches:
+            break
+    batch = concat_batches(kept, pad_token_id=c.tokenizer.pad_token_id) if kept else batch
+    if cfg.algorithm.dynamic_sampling:
+        groups = torch.unique(batch.group_index)[:want]
+        batch = batch.select(torch.isin(batch.group_index, groups).nonzero().squeeze(-1))
+        stats = {"train/num_gen_batches": float(num_gen), "train/kept_groups": float(groups.numel())}
+    return batch, stats
+
+
+@torch.no_grad()
+def validate(c: Components) -> dict[str, float]:
+    """Greedy (by default) generation on the validation set: `val-core/<data_source>/acc/mean@N`."""
+    if c.val_data is None:
+        return {}
+    cfg = c.cfg
+    params = sampling_params(cfg, c.eos_ids, validation=True)
+    acc_by_ds: dict[str, list[float]] = defaultdict(list)
+    score_by_ds: dict[str, list[float]] = defaultdict(list)
+    lengths: list[float] = []
+    for items in c.val_data:
+        batch = generate(c.engine, items, params, pad_token_id=c.tokenizer.pad_token_id,
+                         max_response_length=cfg.data.max_response_length)
+        scores, acc = score(batch, c.tokenizer, cfg)
+        for ds, a, s in zip(batch.meta["data_source"], acc.tolist(), scores.tolist()):
+            acc_by_ds[ds].append(a)
+            score_by_ds[ds].append(s)
+        lengths += batch.response_mask.sum(-1).tolist()
+    n = params.n
+    out = {f"val-core/{ds}/acc/mean@{n}": sum(v) / len(v) for ds, v in acc_by_ds.items()}
+    out.update({f"val-aux/{ds}/reward/mean@{n}": sum(v) / len(v) for ds, v in score_by_ds.items()})
+    out["val-aux/response_length/mean"] = sum(lengths) / max(len(lengths), 1)
+    return out
