@@ -66,7 +66,8 @@ def test_size_one_groups_use_mean_zero_std_one_like_verl() -> None:
 
 
 def test_all_equal_group_has_zero_advantage() -> None:
-    adv, _ = compute_grpo_advantages(torch.tensor([1.0, 1.0, 1.0]), torch.zeros(3, dtype=torch.long), torch.ones(3, 4))
+    groups = torch.zeros(3, dtype=torch.long)
+    adv, _ = compute_grpo_advantages(torch.tensor([1.0, 1.0, 1.0]), groups, torch.ones(3, 4))
     assert torch.count_nonzero(adv) == 0
 
 
@@ -140,7 +141,7 @@ def test_dispatch_by_config_name() -> None:
     assert dr[:, 0].tolist() == pytest.approx([0.5, -0.5, 0.0, 0.0])
     rloo, _ = compute_advantages("rloo", mask, scores=scores, group_index=groups)
     assert rloo[:, 0].tolist() == pytest.approx([1.0, -1.0, 0.0, 0.0])
-    # gae from scores: the score lands on the last token, V = 0, gamma = lam = 1 -> raw A = score on every token
+    # gae from scores: the score lands on the last token; V = 0, gamma = lam = 1 -> raw A = score everywhere
     adv, ret = compute_advantages("gae", mask, scores=scores, values=torch.zeros(4, 2), gamma=1.0, lam=1.0)
     assert ret[:, 0].tolist() == pytest.approx([1.0, 0.0, 2.0, 2.0])
     assert adv.mean().item() == pytest.approx(0.0, abs=1e-6)
@@ -150,4 +151,4 @@ def test_dispatch_by_config_name() -> None:
 
 def test_unknown_estimator_names_the_field() -> None:
     with pytest.raises(ConfigError, match="adv_estimator"):
-        compute_advantages("reinforce_plus_plus", torch.ones(1, 1), scores=torch.ones(1), group_index=torch.zeros(1))
+        compute_advantages("remax", torch.ones(1, 1), scores=torch.ones(1), group_index=torch.zeros(1))

@@ -70,7 +70,8 @@ def group_mean_std(scores: torch.Tensor, group_index: torch.Tensor) -> tuple[tor
 def _check_scores(scores: torch.Tensor, group_index: torch.Tensor, response_mask: torch.Tensor) -> None:
     assert scores.dim() == 1, f"scores must be [N], got {tuple(scores.shape)}"
     assert group_index.shape == scores.shape, "group_index must be [N] like scores"
-    assert response_mask.dim() == 2 and response_mask.shape[0] == scores.shape[0], "response_mask must be [N, R]"
+    assert response_mask.dim() == 2, "response_mask must be [N, R]"
+    assert response_mask.shape[0] == scores.shape[0], "response_mask must have one row per score"
 
 
 @torch.no_grad()
@@ -100,7 +101,10 @@ def compute_rloo_advantages(
     *,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """RLOO leave-one-out advantages; returns (adv `[N, R]`, returns `[N, R]`). `eps` is unused (API parity)."""
+    """RLOO leave-one-out advantages; returns (adv `[N, R]`, returns `[N, R]`).
+
+    `eps` is unused; it keeps the signature of `compute_grpo_advantages`.
+    """
     _check_scores(scores, group_index, response_mask)
     mean, _, count = group_mean_std(scores, group_index)  # [N] each
     scores = scores.float()
@@ -121,7 +125,7 @@ def compute_gae_advantages(
     whiten: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE over `[N, R]` token rewards and values; returns (whitened adv `[N, R]`, returns `[N, R]`)."""
-    assert token_rewards.shape == values.shape == response_mask.shape, "rewards, values, mask must all be [N, R]"
+    assert token_rewards.shape == values.shape == response_mask.shape, "rewards, values, mask must be [N, R]"
     rewards = token_rewards.float()
     vals = values.float()
     mask = response_mask.float()
@@ -178,7 +182,9 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {
 def get_advantage_estimator(name: str, *, field: str = "algorithm.adv_estimator") -> AdvantageEstimator:
     """Look an estimator up by its config name; unknown names raise a one-line ConfigError."""
     if name not in ADVANTAGE_ESTIMATORS:
-        raise ConfigError(f"{field}: unknown advantage estimator {name!r}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}")
+        raise ConfigError(
+            f"{field}: unknown advantage estimator {name!r}; use one of {', '.join(ADVANTAGE_ESTIMATORS)}"
+        )
     return ADVANTAGE_ESTIMATORS[name]
 
 

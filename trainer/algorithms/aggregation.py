@@ -132,6 +132,7 @@ def agg_loss(
     """
     check_loss_agg_mode(loss_agg_mode)
     mask = loss_mask.bool()  # [N, R]
+    denom: torch.Tensor | float
     if loss_agg_mode == "token-mean":
         if global_num_tokens is None:
             denom = mask.float().sum().clamp(min=1.0)

@@ -69,7 +69,9 @@ def overlong_reward_penalty(
             f"got {overlong_buffer_len}; DAPO uses 4096 with max_response_length 20480"
         )
     if penalty_factor < 0:
-        raise ConfigError(f"algorithm.overlong_buffer.penalty_factor: must be >= 0, got {penalty_factor}; DAPO uses 1.0")
+        raise ConfigError(
+            f"algorithm.overlong_buffer.penalty_factor: must be >= 0, got {penalty_factor}; DAPO uses 1.0"
+        )
     expected_len = max_response_length - overlong_buffer_len
     exceed = response_lengths.float() - expected_len  # [N]
     return torch.clamp(-exceed / overlong_buffer_len * penalty_factor, max=0.0)

@@ -42,7 +42,8 @@ def truncated_is_weights(
     """Token TIS weights `[N, R]` = min(exp(old - rollout), cap), detached, 0 on padding."""
     if not cap > 0:
         raise ConfigError(f"actor.tis_cap: the TIS cap must be > 0, got {cap}; 2.0 is the usual value")
-    log_ratio = torch.clamp(old_logprob.float() - rollout_logprob.float(), -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
+    log_ratio = old_logprob.float() - rollout_logprob.float()  # [N, R]
+    log_ratio = torch.clamp(log_ratio, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     weights = torch.clamp(torch.exp(log_ratio), max=cap)  # [N, R]
     return torch.where(response_mask.bool(), weights, torch.zeros_like(weights))
 

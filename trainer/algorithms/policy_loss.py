@@ -49,12 +49,17 @@ _LOG_RATIO_BOUND = 20.0
 
 def _check_clip(clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None) -> None:
     if not 0.0 <= clip_ratio_low < 1.0:
-        raise ConfigError(f"actor.clip_ratio_low: must be in [0, 1), got {clip_ratio_low}; 0.2 is the usual value")
+        raise ConfigError(
+            f"actor.clip_ratio_low: must be in [0, 1), got {clip_ratio_low}; 0.2 is the usual value"
+        )
     if not clip_ratio_high >= 0.0:
-        raise ConfigError(f"actor.clip_ratio_high: must be >= 0, got {clip_ratio_high}; 0.2 (or 0.28 with clip-higher)")
+        raise ConfigError(
+            f"actor.clip_ratio_high: must be >= 0, got {clip_ratio_high}; use 0.2 (0.28 for clip-higher)"
+        )
     if clip_ratio_c is not None and not clip_ratio_c > 1.0:
         raise ConfigError(
-            f"actor.clip_ratio_c: the dual-clip bound must be > 1, got {clip_ratio_c}; use 3.0, or null to disable"
+            f"actor.clip_ratio_c: the dual-clip bound must be > 1, got {clip_ratio_c}; "
+            "use 3.0, or null to disable"
         )
 
 
@@ -79,7 +84,8 @@ def compute_policy_loss(
     _check_clip(clip_ratio_low, clip_ratio_high, clip_ratio_c)
     mask = response_mask.bool()  # [N, R]
     adv = advantages.float()
-    log_ratio = torch.clamp(logprob.float() - old_logprob.float(), -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)  # [N, R]
+    log_ratio = logprob.float() - old_logprob.float()  # [N, R]
+    log_ratio = torch.clamp(log_ratio, -_LOG_RATIO_BOUND, _LOG_RATIO_BOUND)
     ratio = torch.exp(log_ratio)  # [N, R]
     ppo_kl = masked_mean(-log_ratio.detach(), mask)
 
@@ -122,7 +128,9 @@ def compute_value_loss(
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Clipped value loss over `[N, R]` tensors; returns (scalar loss, metrics)."""
     if not cliprange_value > 0:
-        raise ConfigError(f"critic.cliprange_value: must be > 0, got {cliprange_value}; 0.5 is the usual value")
+        raise ConfigError(
+            f"critic.cliprange_value: must be > 0, got {cliprange_value}; 0.5 is the usual value"
+        )
     mask = response_mask.bool()
     v = vpreds.float()
     v_old = values_old.float()
