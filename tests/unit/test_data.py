@@ -8,7 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.data import PromptDataset, load_rows, make_arithmetic_rows, tokenize_prompt, validate_rows, write_rows
+from trainer.data import (
+    PromptDataset,
+    load_rows,
+    make_arithmetic_rows,
+    tokenize_prompt,
+    validate_rows,
+    write_rows,
+)
 from trainer.data.dataset import to_python
 from trainer.data.sampler import EpochSampler
 from trainer.data.tiny_tokenizer import IM_END, PAD_TOKEN, build_tiny_tokenizer

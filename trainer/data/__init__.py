@@ -19,7 +19,10 @@ from trainer.data.sampler import EpochSampler
 
 _SYNTHETIC = ("ensure_synthetic", "make_arithmetic_rows", "split_rows", "write_rows")
 
-__all__ = ["EpochSampler", "PromptDataset", "load_rows", "tokenize_prompt", "validate_rows", *_SYNTHETIC]
+__all__ = [
+    "EpochSampler", "PromptDataset", "ensure_synthetic", "load_rows", "make_arithmetic_rows", "split_rows",
+    "tokenize_prompt", "validate_rows", "write_rows",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -126,7 +126,7 @@ def _read_file(path: Path, where: str) -> list[Any]:
         return rows
     except DataError:
         raise
-    except Exception as exc:  # pyarrow/json errors: unreadable file
+    except Exception as exc:  # noqa: BLE001 - any pyarrow/OS error means an unreadable file
         raise DataError(f"{where}: cannot read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}) "
                         "(fix: check the file is a valid verl dataset)") from None
 
@@ -187,7 +187,7 @@ class PromptDataset:
         for i, row in enumerate(rows):
             try:
                 ids = tokenize_prompt(tokenizer, row["prompt"])
-            except Exception as exc:  # jinja errors from a template that rejects the messages
+            except Exception as exc:  # noqa: BLE001 - jinja errors from a template that rejects the messages
                 raise DataError(f"{where} row {i}: chat template failed on 'prompt' ({exc}) "
                                 "(fix: use roles the model's template accepts)") from None
             if len(ids) > max_prompt_length:

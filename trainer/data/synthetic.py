@@ -38,9 +38,10 @@ import json
 import random
 import sys
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 from urllib.parse import parse_qsl
 
 from trainer.errors import DataError, RLBenchError

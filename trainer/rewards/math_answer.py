@@ -57,12 +57,12 @@ def is_equivalent(pred: str, gold: str) -> bool:
                             raise_on_error=True)
         pred_parsed = parse("\\boxed{" + pred + "}", extraction_config=config, parsing_timeout=timeout,
                             raise_on_error=True)
-        if gold_parsed and pred_parsed:
-            if verify(gold_parsed, pred_parsed, timeout_seconds=timeout, raise_on_error=True):
-                return True
-            # verify can say False when only one side parsed symbolically; the string check below
-            # still catches identical answers, so fall through instead of returning.
-    except Exception as exc:  # math-verify TimeoutException derives from Exception too
+        # verify can say False when only one side parsed symbolically; the string check below
+        # still catches identical answers, so a False falls through instead of returning.
+        if gold_parsed and pred_parsed and verify(gold_parsed, pred_parsed, timeout_seconds=timeout,
+                                                  raise_on_error=True):
+            return True
+    except Exception as exc:  # noqa: BLE001 - sympy can raise anything; math-verify's timeout too
         log.debug("math-verify failed on pred=%r gold=%r: %s; using string compare", pred, gold, exc)
     return strip_latex_answer(pred) == strip_latex_answer(gold)
 

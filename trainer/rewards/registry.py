@@ -23,7 +23,8 @@ extra_info, **kwargs) -> RewardResult``.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from trainer.errors import DataError
 from trainer.rewards import arithmetic, dapo, geo3k, gsm8k, math_answer
