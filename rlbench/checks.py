@@ -1,0 +1,316 @@
+"""Evaluate a suite's references against metrics frames: statistics, comparisons, scopes.
+
+A run is a pandas DataFrame indexed by `step` with one column per metric (NaN where a step
+lacks the metric), as produced by `rlbench.ingest`. A check takes one statistic of one metric
+series, restricted to an inclusive step window `[a, b]` when given, and compares it:
+
+    statistics (NaN steps dropped first)
+      peak | max   max_t x_t            min      min_t x_t
+      final        x at the last step   first    x at the first step
+      mean, median over the window      mean_last(n), mean_first(n): mean of the last/first n values
+      delta(n)     mean_last(n) - mean_first(n)
+      slope        least-squares trend d x / d step = sum((t - t_bar)(x - x_bar)) / sum((t - t_bar)^2)
+      steps_to_reach(threshold)  first step with x_t >= threshold (fails when never reached)
+      no_nan       count of non-finite values from the metric's first logged step to the window end
+                   (a gap inside a per-step metric counts: use it on metrics logged every step)
+    comparisons (tol absolute, or a fraction of |value| with rel_tol: true)
+      >=  actual >= value - tol        <=  actual <= value + tol
+      approx  |actual - value| <= tol  band  every step of the window within [lo, hi]
+    ratio: stat(num run) / stat(den run), compared like the above (e.g. median step time
+      colocated / fully_async >= 1.5).
+
+Scopes decide whether a reference applies here; when it does not the verdict is `skip` with
+the reason: profile mismatch; device-scoped references hold only on their board (token match
+of `device` in the device name, e.g. MI300X in "AMD Instinct MI300X"); numerics-scoped ones
+hold on their arches (default: the published arch for `full`, any arch for mini/cpu) and on
+other arches only with `cross_arch_tol`, which replaces `tol`. Golden references are checked
+by `rlbench.golden`. All work is vectorized per series: no Python loop over steps.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from rlbench.results import CheckResult
+from rlbench.suite import Reference, Suite
+
+
+# ---------------------------------------------------------------------------- statistics
+@dataclass
+class StatValue:
+    """A computed statistic and the steps it was computed over."""
+
+    value: float | None  # None: undefined (e.g. threshold never reached)
+    steps: np.ndarray  # [K] steps that entered the statistic
+    note: str = ""  # extra context for the message (e.g. "never reached 0.9")
+
+
+def window_series(frame: pd.DataFrame, metric: str, window: tuple[int, int] | None,
+                  dropna: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """(steps [K], values [K]) of `metric` within the inclusive window, in step order."""
+    steps = frame.index.to_numpy()
+    values = pd.to_numeric(frame[metric], errors="coerce").to_numpy(dtype=float)
+    keep = np.ones(len(steps), dtype=bool)
+    if window is not None:
+        keep &= (steps >= window[0]) & (steps <= window[1])
+    if dropna:
+        keep &= ~np.isnan(values)
+    return steps[keep], values[keep]
+
+
+def compute_stat(frame: pd.DataFrame, metric: str, stat: str, *, n: int = 5,
+                 window: tuple[int, int] | None = None, threshold: float | None = None) -> StatValue:
+    """One statistic of one metric (see module docstring). Raises KeyError if the metric is absent."""
+    if stat == "no_nan":
+        steps, x = window_series(frame, metric, window, dropna=False)
+        finite = np.isfinite(x)
+        if not finite.any():
+            return StatValue(float(len(x)), steps, "no finite value at all")
+        x, steps = x[int(np.argmax(finite)):], steps[int(np.argmax(finite)):]
+        bad = ~np.isfinite(x)
+        note = f"first non-finite at step {steps[bad][0]}" if bad.any() else ""
+        return StatValue(float(bad.sum()), steps, note)
+    steps, x = window_series(frame, metric, window)
+    if len(x) == 0:
+        return StatValue(None, steps, "no logged values")
+    if stat in ("peak", "max"):
+        return StatValue(float(x.max()), steps, f"at step {steps[int(np.argmax(x))]}")
+    if stat == "min":
+        return StatValue(float(x.min()), steps, f"at step {steps[int(np.argmin(x))]}")
+    if stat == "final":
+        return StatValue(float(x[-1]), steps[-1:])
+    if stat == "first":
+        return StatValue(float(x[0]), steps[:1])
+    if stat == "mean":
+        return StatValue(float(x.mean()), steps)
+    if stat == "median":
+        return StatValue(float(np.median(x)), steps)
+    if stat == "mean_last":
+        return StatValue(float(x[-n:].mean()), steps[-n:])
+    if stat == "mean_first":
+        return StatValue(float(x[:n].mean()), steps[:n])
+    if stat == "delta":
+        if len(x) < 2:
+            return StatValue(None, steps, "needs at least 2 values")
+        return StatValue(float(x[-n:].mean() - x[:n].mean()), steps)
+    if stat == "slope":
+        if len(x) < 2:
+            return StatValue(None, steps, "needs at least 2 values")
+        t = steps.astype(float) - steps.mean()
+        return StatValue(float((t * (x - x.mean())).sum() / (t * t).sum()), steps)
+    if stat == "steps_to_reach":
+        assert threshold is not None
+        hit = x >= threshold
+        if not hit.any():
+            return StatValue(None, steps, f"never reached {_f(threshold)} (max {_f(float(x.max()))})")
+        i = int(np.argmax(hit))
+        return StatValue(float(steps[i]), steps[: i + 1])
+    raise ValueError(f"unknown statistic {stat!r}")
+
+
+def stat_label(stat: str | None, n: int, threshold: float | None) -> str:
+    if stat is None:
+        return "every step"
+    if stat in ("mean_last", "mean_first", "delta"):
+        return f"{stat}[{n}]"
+    if stat == "steps_to_reach":
+        return f"steps_to_reach({_f(threshold)})"
+    return stat
+
+
+# ---------------------------------------------------------------------------- comparisons
+def compare(actual: float, op: str, value: float, tol: float, rel: bool) -> tuple[bool, str, str]:
+    """(passed, bound text, tolerance text) for >=, <= and approx.
+
+    E.g. op '>=' value 0.956 tol 0.03 -> (actual >= 0.926, ">= 0.926", "0.956 - tol 0.03").
+    """
+    t = tol * abs(value) if rel else tol
+    tol_txt = f"tol {tol:g}" + (" x |value|" if rel else "")
+    if op == ">=":
+        return actual >= value - t, f">= {_f(value - t)}", (f"{_f(value)} - {tol_txt}" if t else "")
+    if op == "<=":
+        return actual <= value + t, f"<= {_f(value + t)}", (f"{_f(value)} + {tol_txt}" if t else "")
+    if op == "approx":
+        return abs(actual - value) <= t, f"{_f(value)} +- {_f(t)}", tol_txt
+    raise ValueError(f"unknown comparison {op!r}")
+
+
+def expectation(bound: str, tol_txt: str, note: str, source: str) -> str:
+    """'>= 0.926 (0.956 - tol 0.03; <source>)'."""
+    return f"{bound} ({'; '.join(p for p in (tol_txt, note + source) if p)})"
+
+
+def _f(x: float | None) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if x == 0:
+        return "0"
+    a = abs(x)
+    if a >= 1e5 or a < 1e-2:
+        return f"{x:.3g}"
+    return f"{x:.3f}".rstrip("0").rstrip(".") if a >= 100 else f"{x:.3f}"
+
+
+def _span(steps: np.ndarray) -> str:
+    return f"{steps[0]}-{steps[-1]}" if len(steps) else "none"
+
+
+# ---------------------------------------------------------------------------- scopes
+def device_matches(device: str, device_name: str) -> bool:
+    """Token match: 'MI300X' matches 'AMD Instinct MI300X' but not 'AMD Instinct MI300A'."""
+    tokens = set(re.split(r"[^A-Z0-9]+", device_name.upper()))
+    return device.upper() in tokens
+
+
+def skip_reason(suite: Suite, ref: Reference, profile: str, arch: str,
+                device_name: str) -> tuple[str | None, float]:
+    """(reason to skip or None, tolerance to use here)."""
+    if profile not in ref.profiles:
+        return f"applies to profile {'/'.join(ref.profiles)} (this run: {profile})", ref.tol
+    if ref.kind == "golden":
+        return None, ref.tol
+    if ref.scope == "device":
+        assert ref.device is not None
+        if not device_matches(ref.device, device_name):
+            return f"device-scoped to {ref.device}; this run is on {device_name or 'unknown device'}", ref.tol
+        return None, ref.tol
+    arches = ref.arch or ([suite.published_on.arch] if profile == "full" else ["any"])
+    if "any" in arches or arch in arches:
+        return None, ref.tol
+    if ref.cross_arch_tol is not None:
+        return None, ref.cross_arch_tol
+    return (f"numerics reference for {'/'.join(arches)} without cross_arch_tol; this run is on {arch}",
+            ref.tol)
+
+
+def missing_metric(frame: pd.DataFrame, metric: str, run: str) -> str:
+    names = [str(c) for c in frame.columns]
+    near = difflib.get_close_matches(metric, names, n=3, cutoff=0.5) or names[:5]
+    return f"metric {metric} not in run '{run or 'run'}' (nearest: {', '.join(near) or 'no metrics at all'})"
+
+
+# ---------------------------------------------------------------------------- evaluation
+def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch: str,
+             device_name: str, golden_dir: str | Path | None = None) -> list[CheckResult]:
+    """Every reference of `suite` against `runs` (mode name -> metrics frame) of one profile."""
+    prof = suite.profile(profile)
+    runs = {m: (f if f.index.is_monotonic_increasing else f.sort_index()) for m, f in runs.items()}
+    results: list[CheckResult] = []
+    for ref in suite.references:
+        reason, tol = skip_reason(suite, ref, profile, arch, device_name)
+        if ref.kind == "golden":
+            from rlbench.golden import check_golden
+
+            if reason:
+                results.append(_skip(ref, reason, "golden"))
+            else:
+                results.extend(check_golden(suite, ref, profile, runs, arch=arch, golden_dir=golden_dir))
+            continue
+        if reason:
+            results.append(_skip(ref, reason, ref.scope))
+            continue
+        cross = f"cross-arch tol for {arch}; " if tol != ref.tol else ""
+        if ref.kind == "ratio":
+            results.append(_check_ratio(ref, prof.modes, runs, tol, cross))
+            continue
+        modes = ref.modes or prof.modes
+        for mode in modes:
+            cid = ref.check_id(mode if (ref.modes or len(modes) > 1) else None)
+            if mode not in prof.modes:
+                results.append(_skip(ref, f"profile {profile} does not run mode {mode}", ref.scope, cid, mode))
+            elif mode not in runs:
+                results.append(_error(ref, cid, mode, f"no run for mode {mode} (runs given: "
+                                                      f"{', '.join(runs) or 'none'})"))
+            else:
+                results.append(check_metric(ref, runs[mode], tol=tol, run=mode, check_id=cid, note=cross))
+    return results
+
+
+def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = "",
+                 check_id: str | None = None, note: str = "", source: str | None = None,
+                 scope: str | None = None) -> CheckResult:
+    """One metric reference (kind 'metric') against one run."""
+    assert ref.metric is not None and ref.op is not None
+    cid = check_id or ref.check_id()
+    src = source or ref.source
+    label = stat_label(ref.stat, ref.n, ref.threshold)
+    tag = f"[{run}] " if run else ""
+    if ref.metric not in frame.columns:
+        return _error(ref, cid, run, missing_metric(frame, ref.metric, run), label)
+    if ref.op == "band":
+        assert ref.lo is not None and ref.hi is not None
+        steps, x = window_series(frame, ref.metric, ref.window)
+        out = (x < ref.lo) | (x > ref.hi)
+        expected = expectation(f"every step in [{_f(ref.lo)}, {_f(ref.hi)}]", "", note, src)
+        ok = len(x) > 0 and not out.any()
+        detail = (f"{int(out.sum())} of {len(x)} steps outside, first step {steps[out][0]} = {_f(float(x[out][0]))}"
+                  if out.any() else f"{len(x)} steps, min {_f(float(x.min()) if len(x) else None)}, "
+                                    f"max {_f(float(x.max()) if len(x) else None)}")
+        verdict = "pass" if ok else ("error" if len(x) == 0 else "fail")
+        msg = (f"{tag}{ref.metric} every step over steps {_span(steps)}: {detail}, expected {expected}: "
+               f"{verdict.upper()}")
+        return CheckResult(cid, verdict, ref.metric, label, expected, float(out.sum()), src, ref.why,
+                           steps.tolist(), msg, scope or ref.scope, run, None, (ref.lo, ref.hi))
+    sv = compute_stat(frame, ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
+    assert ref.value is not None
+    ok, bound, tol_txt = compare(0.0 if sv.value is None else sv.value, ref.op, ref.value, tol, ref.rel_tol)
+    ok = ok and sv.value is not None
+    expected = expectation(bound, tol_txt, note, src)
+    verdict = "pass" if ok else ("error" if sv.value is None and sv.note == "no logged values" else "fail")
+    extra = f" ({sv.note})" if sv.note and (not ok or ref.stat in ("peak", "max", "min")) else ""
+    msg = (f"{tag}{ref.metric} {label} over steps {_span(sv.steps)} = {_f(sv.value)}{extra}, "
+           f"expected {expected}: {verdict.upper()}")
+    band = _band(ref.op, ref.value, tol, ref.rel_tol)
+    return CheckResult(cid, verdict, ref.metric, label, expected, sv.value, src, ref.why, sv.steps.tolist(),
+                       msg, scope or ref.scope, run, ref.value, band)
+
+
+def _check_ratio(ref: Reference, profile_modes: list[str], runs: dict[str, pd.DataFrame], tol: float,
+                 note: str) -> CheckResult:
+    assert ref.metric and ref.num and ref.den and ref.op and ref.value is not None
+    cid, pair = ref.check_id(), f"{ref.num}/{ref.den}"
+    label = f"ratio({pair}) of {stat_label(ref.stat, ref.n, ref.threshold)}"
+    for m in (ref.num, ref.den):
+        if m not in profile_modes:
+            return _skip(ref, f"this profile does not run mode {m}", ref.scope, cid, pair)
+        if m not in runs:
+            return _error(ref, cid, pair, f"no run for mode {m} (runs given: {', '.join(runs) or 'none'})", label)
+        if ref.metric not in runs[m].columns:
+            return _error(ref, cid, pair, missing_metric(runs[m], ref.metric, m), label)
+    a = compute_stat(runs[ref.num], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
+    b = compute_stat(runs[ref.den], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
+    if a.value is None or b.value is None or b.value == 0:
+        return _error(ref, cid, pair, f"{ref.metric} {label}: undefined ({ref.num} {_f(a.value)}, "
+                                      f"{ref.den} {_f(b.value)})", label)
+    r = a.value / b.value
+    ok, bound, tol_txt = compare(r, ref.op, ref.value, tol, ref.rel_tol)
+    expected = expectation(bound, tol_txt, note, ref.source)
+    verdict = "pass" if ok else "fail"
+    msg = (f"{ref.metric} {ref.stat} {pair} over steps {_span(a.steps)} / {_span(b.steps)} = {_f(r)} "
+           f"({_f(a.value)}/{_f(b.value)}), expected {expected}: {verdict.upper()}")
+    return CheckResult(cid, verdict, ref.metric, label, expected, r, ref.source, ref.why,
+                       sorted(set(a.steps.tolist()) | set(b.steps.tolist())), msg, ref.scope, pair,
+                       ref.value, _band(ref.op, ref.value, tol, ref.rel_tol))
+
+
+def _band(op: str, value: float, tol: float, rel: bool) -> tuple[float, float] | None:
+    t = tol * abs(value) if rel else tol
+    return (value - t, value + t) if op == "approx" else None
+
+
+def _skip(ref: Reference, reason: str, scope: str, cid: str | None = None, run: str = "") -> CheckResult:
+    cid = cid or ref.check_id()
+    return CheckResult(cid, "skip", ref.metric or "", stat_label(ref.stat, ref.n, ref.threshold), "", None,
+                       ref.source, ref.why, [], f"{cid}: SKIP ({reason})", scope, run)
+
+
+def _error(ref: Reference, cid: str, run: str, reason: str, label: str | None = None) -> CheckResult:
+    return CheckResult(cid, "error", ref.metric or "", label or stat_label(ref.stat, ref.n, ref.threshold),
+                       "", None, ref.source, ref.why, [], f"{cid}: ERROR ({reason})", ref.scope, run)

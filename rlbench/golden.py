@@ -1,0 +1,147 @@
+"""Golden values: per-arch statistics this project recorded for the mini and cpu profiles.
+
+Published numbers exist only for the full-scale runs. For the scaled-down profiles the
+project records its own references, the way Megatron-LM's functional tests keep
+`golden_values_{env}_{platform}.json`: run the profile over N seeds, compute each statistic a
+suite's `golden` reference lists (see `GoldenStat` in rlbench/suite.py) on every seed, and store
+
+    mean_i  = (1/N) sum_s x_{i,s}
+    tol_i   = max(safety_factor * max_s |x_{i,s} - mean_i|, floor_abs, floor_rel * |mean_i|)
+
+in `reports/golden/<suite_id>.<profile>.<arch>.json` with the provenance the caller passes
+(machine, versions, seeds, commit, date). The floor keeps a tolerance when all seeds agree
+(e.g. a single seed, or a deterministic statistic). A later run passes a golden check when
+each statistic lies within mean +- tol. Golden values are per arch, so keep device-bound
+statistics (step time, throughput) out of them unless the file is only ever used on one board.
+
+    path = record_golden(suite, "cpu", "cpu", [runs_seed0, runs_seed1, runs_seed2],
+                         {"machine": ..., "commit": ..., "date": ...}, "reports/golden")
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from rlbench.checks import _skip, check_metric, compute_stat, missing_metric, stat_label
+from rlbench.results import CheckResult
+from rlbench.suite import GoldenStat, Reference, Suite
+from trainer.errors import ConfigError, DataError
+
+DEFAULT_SAFETY_FACTOR = 3.0
+DEFAULT_FLOOR_ABS = 1e-6
+DEFAULT_FLOOR_REL = 0.01
+
+
+def golden_path(suite: Suite, profile: str, arch: str, directory: str | Path) -> Path:
+    return Path(directory) / f"{suite.id}.{profile}.{arch}.json"
+
+
+def stat_key(gs: GoldenStat, mode: str) -> str:
+    """Stable key of one recorded statistic, e.g. 'colocated:critic/score/mean:mean_last[5]@[1:20]'."""
+    win = f"@[{gs.window[0]}:{gs.window[1]}]" if gs.window else ""
+    return f"{mode}:{gs.metric}:{stat_label(gs.stat, gs.n, gs.threshold)}{win}"
+
+
+def golden_refs(suite: Suite, profile: str) -> list[Reference]:
+    return [r for r in suite.references if r.kind == "golden" and profile in r.profiles]
+
+
+def default_dir(suite: Suite, ref: Reference) -> Path:
+    """`ref.golden_dir` relative to the project root (the folder above `suites/`)."""
+    root = suite.path.resolve().parent.parent if suite.path else Path.cwd()
+    return root / ref.golden_dir
+
+
+def record_golden(suite: Suite, profile: str, arch: str, runs_by_seed: list[dict[str, pd.DataFrame]],
+                  provenance: dict[str, Any], out_dir: str | Path, *,
+                  safety_factor: float = DEFAULT_SAFETY_FACTOR, floor_abs: float = DEFAULT_FLOOR_ABS,
+                  floor_rel: float = DEFAULT_FLOOR_REL) -> Path:
+    """Compute the golden statistics over seeds and write the per-arch JSON file; returns its path."""
+    refs = golden_refs(suite, profile)
+    if not refs:
+        raise ConfigError(f"{suite.path or suite.id}: references: no 'golden' reference for profile "
+                          f"{profile}; add one with kind: golden, profiles: [{profile}], stats: [...]")
+    if not runs_by_seed:
+        raise DataError(f"record_golden: no runs given for {suite.id}.{profile}; run at least one seed")
+    modes = suite.profile(profile).modes
+    values: dict[str, dict[str, Any]] = {}
+    for ref in refs:
+        for gs in ref.stats:
+            for mode in gs.modes or modes:
+                per_seed = [_seed_value(runs, gs, mode, i, suite.id) for i, runs in enumerate(runs_by_seed)]
+                x = np.asarray(per_seed, dtype=float)  # [N]
+                mean = float(x.mean())
+                spread = float(np.abs(x - mean).max())
+                tol = max(safety_factor * spread, floor_abs, floor_rel * abs(mean))
+                values[stat_key(gs, mode)] = {
+                    **gs.model_dump(exclude={"modes"}), "mode": mode, "mean": mean, "tol": tol,
+                    "spread": spread, "per_seed": per_seed,
+                }
+    doc = {
+        "suite": suite.id, "profile": profile, "arch": arch, "num_seeds": len(runs_by_seed),
+        "safety_factor": safety_factor, "floor_abs": floor_abs, "floor_rel": floor_rel,
+        "provenance": provenance, "values": values,
+    }
+    path = golden_path(suite, profile, arch, out_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    return path
+
+
+def _seed_value(runs: dict[str, pd.DataFrame], gs: GoldenStat, mode: str, seed_idx: int, suite_id: str) -> float:
+    if mode not in runs:
+        raise DataError(f"record_golden {suite_id}: seed #{seed_idx} has no run for mode {mode} "
+                        f"(has: {', '.join(runs) or 'none'}); run every mode of the profile")
+    frame = runs[mode]
+    if gs.metric not in frame.columns:
+        raise DataError(f"record_golden {suite_id}: seed #{seed_idx}: {missing_metric(frame, gs.metric, mode)}")
+    sv = compute_stat(frame.sort_index(), gs.metric, gs.stat, n=gs.n, window=gs.window, threshold=gs.threshold)
+    if sv.value is None:
+        raise DataError(f"record_golden {suite_id}: seed #{seed_idx} {mode}: {gs.metric} "
+                        f"{stat_label(gs.stat, gs.n, gs.threshold)} is undefined ({sv.note}); fix the run "
+                        "or the statistic")
+    return sv.value
+
+
+def check_golden(suite: Suite, ref: Reference, profile: str, runs: dict[str, pd.DataFrame], *, arch: str,
+                 golden_dir: str | Path | None = None) -> list[CheckResult]:
+    """Each recorded statistic of `ref` against `runs`: pass when within mean +- tol."""
+    path = golden_path(suite, profile, arch, golden_dir if golden_dir is not None else default_dir(suite, ref))
+    suite_arg = suite.path or f"suites/{suite.id}.yaml"
+    if not path.exists():
+        return [_skip(ref, f"no golden values recorded for arch {arch}; record with "
+                           f"`rlbench golden {suite_arg} --profile {profile}` ({path.name} absent)", "golden")]
+    try:
+        doc = json.loads(path.read_text())
+        values = doc["values"]
+    except (json.JSONDecodeError, KeyError) as e:
+        raise DataError(f"{path}: not a golden values file ({e}); re-record it with `rlbench golden`") from None
+    prov = doc.get("provenance", {})
+    source = (f"golden {path.name} ({doc.get('num_seeds', '?')} seeds, commit "
+              f"{str(prov.get('commit', '?'))[:10]}, {prov.get('date', '?')})")
+    results: list[CheckResult] = []
+    for gs in ref.stats:
+        for mode in gs.modes or suite.profile(profile).modes:
+            key = stat_key(gs, mode)
+            cid = f"golden:{key}"
+            entry = values.get(key)
+            if entry is None:
+                results.append(CheckResult(cid, "error", gs.metric, gs.stat, "", None, source, ref.why, [],
+                                           f"{cid}: ERROR ({path.name} has no value for {key}; re-record "
+                                           "golden values after changing the stats)", "golden", mode))
+                continue
+            if mode not in runs:
+                results.append(CheckResult(cid, "error", gs.metric, gs.stat, "", None, source, ref.why, [],
+                                           f"{cid}: ERROR (no run for mode {mode})", "golden", mode))
+                continue
+            probe = Reference(kind="metric", metric=gs.metric, stat=gs.stat, n=gs.n, window=gs.window,
+                              threshold=gs.threshold, op="approx", value=entry["mean"], tol=entry["tol"],
+                              profiles=[profile], source=source, why=ref.why)
+            results.append(check_metric(probe, runs[mode], tol=entry["tol"], run=mode, check_id=cid,
+                                        scope="golden"))
+    return results

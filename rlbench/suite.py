@@ -1,0 +1,526 @@
+"""Suite files: one published case study of RL post-training, as typed and validated data.
+
+A suite says what was published (source, device, configuration), how to replay it at three
+scales (profiles `full`, `mini`, `cpu`), and what a replay must show (references, evaluated by
+`rlbench.checks`). Load one and resolve the trainer config of one profile and mode:
+
+    from rlbench.suite import load_suite
+    suite = load_suite("suites/verl_grpo_qwen3_8b_sglang_gfx950.yaml")
+    cfg = suite.resolve_trainer_config("cpu", "colocated")   # dict in the trainer's vocabulary
+
+Layout of a suite file (every mapping rejects unknown keys):
+
+    id, title, description, source: [{doc, where}], published_on: {arch, device, gpus}
+    trainer:  full-scale trainer config (trainer/config.py vocabulary), shared by all profiles
+    modes:    {colocated: {gpus, nnodes, overrides}, fully_async: {rollout_gpus, train_gpus, nnodes,
+               staleness_threshold, trigger_parameter_sync_step, require_batches, partial_rollout,
+               overrides}}
+    profiles: {full|mini|cpu: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
+               overrides, env, steps, seeds}}
+    references: [see rlbench/checks.py for the statistics and comparisons]
+
+Resolution order of a trainer config: `trainer` <- the mode's `overrides` <- the profile's
+`overrides` (deep merges: mappings merge, other values replace) <- mode knobs (`trainer.mode`,
+GPU counts, `async.*`) <- `trainer.total_steps = steps` and the seed; then `${VAR}` and
+`${VAR:-default}` in strings are expanded from the environment. `load_suite` validates every
+resolved (profile, mode) config against the trainer's schema, so a typo in `trainer` or in an
+override fails at load time with the field's path.
+
+Malformed files raise `ConfigError` with one line: file, field path, and the fix (unknown
+keys come with difflib suggestions, bad enum values list the choices).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from trainer.errors import ConfigError
+
+ModeName = Literal["colocated", "fully_async"]
+ProfileName = Literal["full", "mini", "cpu"]
+PROFILE_NAMES: tuple[str, ...] = get_args(ProfileName)
+MODE_NAMES: tuple[str, ...] = get_args(ModeName)
+
+# Statistics of one metric series (computed in rlbench/checks.py).
+Stat = Literal[
+    "peak", "max", "min", "final", "first", "mean", "median", "mean_last", "mean_first",
+    "delta", "slope", "steps_to_reach", "no_nan",
+]
+Op = Literal[">=", "<=", "approx", "band"]
+N_STATS = ("mean_last", "mean_first", "delta")
+
+# pip extras that provide an optional engine package (pyproject.toml optional-dependencies).
+PACKAGE_EXTRAS = {"vllm": "vllm", "sglang": "sglang", "megatron-core": "megatron"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+
+class SourceDoc(_Strict):
+    doc: str  # seed file name or upstream document, e.g. "verl fully_async_policy README, 2026-05"
+    where: str  # section / table / figure inside it
+
+
+class PublishedOn(_Strict):
+    arch: str  # gfx942 | gfx950 | sm_90 ...
+    device: str  # MI300X, MI350X, H20 ...
+    gpus: int | None = Field(default=None, ge=1)  # None: not stated by the source
+
+
+class ColocatedMode(_Strict):
+    gpus: int = Field(ge=1)  # devices shared by rollout and training
+    nnodes: int = Field(default=1, ge=1)
+    overrides: dict[str, Any] = Field(default_factory=dict)  # trainer settings of this mode only
+
+
+class FullyAsyncMode(_Strict):
+    rollout_gpus: int = Field(ge=1)
+    train_gpus: int = Field(ge=1)
+    nnodes: int = Field(default=1, ge=1)
+    staleness_threshold: float = Field(ge=0)
+    trigger_parameter_sync_step: int = Field(ge=1)
+    require_batches: int = Field(default=1, ge=1)
+    partial_rollout: bool = False
+    overrides: dict[str, Any] = Field(default_factory=dict)  # trainer settings of this mode only
+
+
+class Modes(_Strict):
+    colocated: ColocatedMode | None = None
+    fully_async: FullyAsyncMode | None = None
+
+    def names(self) -> list[str]:
+        return [m for m in MODE_NAMES if getattr(self, m) is not None]
+
+
+class Requires(_Strict):
+    gpus: int = Field(default=0, ge=0)  # accelerators needed; 0 = runs on CPU
+    arch: list[str] = Field(default_factory=lambda: ["any"])  # accepted arches, or [any]
+    packages: list[str] = Field(default_factory=list)  # distribution names, e.g. vllm, sglang
+    env: dict[str, str] = Field(default_factory=dict)  # VAR -> what it must point at
+
+
+class Profile(_Strict):
+    requires: Requires = Field(default_factory=Requires)
+    modes: list[ModeName]  # which of the suite's modes this profile runs
+    mode_overrides: dict[ModeName, dict[str, Any]] = Field(default_factory=dict)  # e.g. fewer GPUs
+    overrides: dict[str, Any] = Field(default_factory=dict)  # deep-merged over `trainer`
+    env: dict[str, str] = Field(default_factory=dict)  # environment the run sets, e.g. AITER flags
+    steps: int = Field(ge=1)  # training steps (trainer.total_steps)
+    seeds: list[int] = Field(default_factory=lambda: [0], min_length=1)
+
+
+class Profiles(_Strict):
+    full: Profile
+    mini: Profile
+    cpu: Profile
+
+
+class GoldenStat(_Strict):
+    """One statistic recorded into a golden file (see rlbench/golden.py)."""
+
+    metric: str
+    stat: Stat
+    n: int = Field(default=5, ge=1)
+    window: tuple[int, int] | None = None
+    threshold: float | None = None
+    modes: list[ModeName] | None = None  # None: every mode the profile runs
+
+
+class Reference(_Strict):
+    """One check. `kind` picks the shape:
+
+    - metric: `stat` of `metric` (over `window`), compared by `op` to `value` +- `tol`
+      (or every step within [`lo`, `hi`] for op `band`), on each run in `modes`.
+    - ratio: `stat` of `metric` on run `num` divided by the same on run `den`, compared by `op`.
+    - golden: the `stats` recorded per arch in `reports/golden/<suite>.<profile>.<arch>.json`.
+    """
+
+    kind: Literal["metric", "ratio", "golden"] = "metric"
+    id: str | None = None  # stable name for pytest items; derived when absent
+    metric: str | None = None
+    stat: Stat | None = None
+    n: int = Field(default=5, ge=1)  # for mean_last / mean_first / delta
+    window: tuple[int, int] | None = None  # inclusive step window [a, b]
+    threshold: float | None = None  # for steps_to_reach
+    op: Op | None = None
+    value: float | None = None
+    tol: float = Field(default=0.0, ge=0)
+    rel_tol: bool = False  # tol is a fraction of |value|
+    lo: float | None = None
+    hi: float | None = None
+    num: ModeName | None = None  # ratio: numerator run
+    den: ModeName | None = None  # ratio: denominator run
+    stats: list[GoldenStat] = Field(default_factory=list)  # golden only
+    golden_dir: str = "reports/golden"  # golden only, relative to the project root
+    profiles: list[ProfileName] = Field(default_factory=lambda: ["full"])
+    modes: list[ModeName] | None = None  # runs this check reads; None: every mode the profile runs
+    scope: Literal["numerics", "device"] = "numerics"
+    arch: list[str] | None = None  # numerics: arches it holds on (default: published_on.arch)
+    cross_arch_tol: float | None = Field(default=None, ge=0)  # numerics on another arch: wider tol
+    device: str | None = None  # device scope: the board it was measured on, e.g. MI300X
+    source: str  # "<doc>: <where/what>", doc one of the suite's `source` docs, or "rlbench: ..."
+    why: str  # why this tolerance
+
+    @model_validator(mode="after")
+    def _shape(self) -> Reference:
+        if self.kind == "golden":
+            if not self.stats:
+                raise ValueError("@stats: a golden reference needs a non-empty 'stats' list")
+            return self
+        if self.metric is None:
+            raise ValueError("@metric: missing required key 'metric' (the metric name to check)")
+        if self.stat is None and self.op != "band":
+            raise ValueError("@stat: missing required key 'stat' (e.g. peak, final, mean_last, median)")
+        if self.stat == "no_nan" and self.op is None:
+            self.op, self.value = "<=", 0.0
+        if self.op is None:
+            raise ValueError("@op: missing required key 'op' (one of >=, <=, approx, band)")
+        if self.op == "band":
+            if self.stat is not None:
+                raise ValueError("@stat: op 'band' checks every step; remove 'stat'")
+            if self.lo is None or self.hi is None or self.lo > self.hi:
+                raise ValueError("@lo: op 'band' needs 'lo' and 'hi' with lo <= hi")
+        elif self.value is None:
+            raise ValueError(f"@value: op '{self.op}' needs a reference 'value'")
+        if self.stat == "steps_to_reach" and self.threshold is None:
+            raise ValueError("@threshold: stat 'steps_to_reach' needs 'threshold' (the value to reach)")
+        if self.window is not None and self.window[0] > self.window[1]:
+            raise ValueError(f"@window: window {list(self.window)} is reversed; write [low, high]")
+        if self.kind == "ratio":
+            if self.num is None or self.den is None or self.num == self.den:
+                raise ValueError("@num: a ratio reference needs 'num' and 'den' naming two different modes")
+            if self.op == "band":
+                raise ValueError("@op: a ratio compares one number; use >=, <= or approx")
+        elif self.num is not None or self.den is not None:
+            raise ValueError("@num: 'num'/'den' belong to kind 'ratio'; add kind: ratio or remove them")
+        if self.scope == "device" and not self.device:
+            raise ValueError("@device: scope 'device' needs 'device' (the board, e.g. MI300X)")
+        if self.scope == "numerics" and self.device:
+            raise ValueError("@scope: 'device' is set but scope is 'numerics'; set scope: device")
+        return self
+
+    def check_id(self, mode: str | None = None) -> str:
+        """Stable id for pytest items and reports; `@mode` names the run when it is not the only one."""
+        at = f"@{mode}" if mode else (f"@{'+'.join(self.modes)}" if self.modes else "")
+        return self._base_id() + at
+
+    def _base_id(self) -> str:
+        if self.id:
+            return self.id
+        if self.kind == "golden":
+            return f"golden:{'+'.join(self.profiles)}"
+        win = f"[{self.window[0]}:{self.window[1]}]" if self.window else ""
+        stat = self.stat or "each"
+        if self.stat == "no_nan":
+            return f"{self.metric}:no_nan{win}"
+        if self.stat == "steps_to_reach":
+            stat = f"steps_to_reach({self.threshold:g})"
+        op = {"approx": "~=", "band": " in "}.get(self.op or "", self.op or "")
+        bound = f"[{self.lo:g},{self.hi:g}]" if self.op == "band" else f"{self.value:g}"
+        if self.kind == "ratio":
+            return f"{self.metric}:{stat}{win}:{self.num}/{self.den}{op}{bound}"
+        return f"{self.metric}:{stat}{win}{op}{bound}"
+
+
+class Suite(_Strict):
+    id: str
+    title: str
+    description: str
+    source: list[SourceDoc] = Field(min_length=1)
+    published_on: PublishedOn
+    trainer: dict[str, Any]
+    modes: Modes
+    profiles: Profiles
+    references: list[Reference] = Field(min_length=1)
+    path: Path | None = Field(default=None, exclude=True)  # set by load_suite
+
+    @field_validator("id")
+    @classmethod
+    def _id_chars(cls, v: str) -> str:
+        if not re.fullmatch(r"[a-z0-9_]+", v):
+            raise ValueError(f"id {v!r} must be lower-case letters, digits and '_' (it names files)")
+        return v
+
+    @model_validator(mode="after")
+    def _cross_refs(self) -> Suite:
+        modes = self.modes.names()
+        if not modes:
+            raise ValueError("@modes: define at least one of 'colocated' or 'fully_async'")
+        for pname in PROFILE_NAMES:
+            prof = self.profile(pname)
+            for i, m in enumerate(prof.modes):
+                if m not in modes:
+                    raise ValueError(f"@profiles.{pname}.modes[{i}]: mode '{m}' is not defined under "
+                                     f"'modes' (defined: {', '.join(modes)})")
+            for m in prof.mode_overrides:
+                if m not in modes:
+                    raise ValueError(f"@profiles.{pname}.mode_overrides.{m}: mode '{m}' is not defined "
+                                     f"under 'modes' (defined: {', '.join(modes)})")
+        docs = [s.doc for s in self.source]
+        seen: dict[str, int] = {}
+        for i, ref in enumerate(self.references):
+            where = f"references[{i}]"
+            for key in ("num", "den"):
+                m = getattr(ref, key)
+                if m is not None and m not in modes:
+                    raise ValueError(f"@{where}.{key}: ratio names mode '{m}' which this suite lacks "
+                                     f"(defined: {', '.join(modes)})")
+            for m in ref.modes or []:
+                if m not in modes:
+                    raise ValueError(f"@{where}.modes: mode '{m}' is not defined under 'modes' "
+                                     f"(defined: {', '.join(modes)})")
+            if not (ref.source.startswith("rlbench") or any(ref.source.startswith(d) for d in docs)):
+                raise ValueError(f"@{where}.source: {ref.source!r} must start with one of the suite's "
+                                 f"source docs ({'; '.join(docs)}) or 'rlbench:'")
+            for prof_name in ref.profiles:  # ids name pytest items, which are per profile
+                key = f"{prof_name}:{ref.check_id()}"
+                if key in seen:
+                    raise ValueError(f"@{where}.id: check id {ref.check_id()!r} repeats references"
+                                     f"[{seen[key]}] for profile {prof_name}; give one of them a distinct 'id'")
+                seen[key] = i
+        return self
+
+    # ------------------------------------------------------------------ accessors
+    def profile(self, name: str) -> Profile:
+        if name not in PROFILE_NAMES:
+            raise ConfigError(f"{self._where()}: unknown profile {name!r} (choose one of: "
+                              f"{', '.join(PROFILE_NAMES)})")
+        return getattr(self.profiles, name)
+
+    def mode_knobs(self, profile: str, mode: str) -> dict[str, Any]:
+        """The mode's settings with the profile's `mode_overrides` merged in."""
+        spec = getattr(self.modes, mode, None) if mode in MODE_NAMES else None
+        if spec is None:
+            raise ConfigError(f"{self._where()}: mode {mode!r} is not defined (defined: "
+                              f"{', '.join(self.modes.names())})")
+        knobs = deep_merge(spec.model_dump(), self.profile(profile).mode_overrides.get(mode, {}))
+        cls = ColocatedMode if mode == "colocated" else FullyAsyncMode
+        try:
+            return cls.model_validate(knobs).model_dump()
+        except ValidationError as e:
+            raise _to_config_error(e, self._where(), cls, prefix=f"profiles.{profile}.mode_overrides.{mode}")
+
+    def resolve_trainer_config(self, profile: str, mode: str, seed: int | None = None,
+                               env: dict[str, str] | None = None, expand: bool = True) -> dict[str, Any]:
+        """Full trainer config dict for one profile and mode (see module docstring for the order)."""
+        prof = self.profile(profile)
+        if mode not in prof.modes:
+            raise ConfigError(f"{self._where()}: profiles.{profile}.modes: profile '{profile}' does not "
+                              f"run mode {mode!r} (it runs: {', '.join(prof.modes)})")
+        knobs = self.mode_knobs(profile, mode)
+        cfg = deep_merge(deep_merge(self.trainer, knobs.pop("overrides")), prof.overrides)
+        tr = cfg.setdefault("trainer", {})
+        tr["mode"] = mode
+        tr["nnodes"] = knobs["nnodes"]
+        tr["total_steps"] = prof.steps
+        tr["seed"] = prof.seeds[0] if seed is None else seed
+        if mode == "colocated":
+            tr["n_gpus_per_node"] = max(knobs["gpus"] // knobs["nnodes"], 1)
+        else:
+            total = knobs["rollout_gpus"] + knobs["train_gpus"]
+            tr["n_gpus_per_node"] = max(total // knobs["nnodes"], 1)
+            cfg["async"] = deep_merge(cfg.get("async", {}), {
+                k: knobs[k] for k in ("rollout_gpus", "train_gpus", "staleness_threshold",
+                                      "trigger_parameter_sync_step", "require_batches", "partial_rollout")
+            })
+        if not expand:
+            return cfg
+        return expand_env(cfg, os.environ if env is None else env,
+                          where=f"{self._where()}: profiles.{profile}")
+
+    def validate_trainer_configs(self) -> None:
+        """Check every (profile, mode) config against the trainer's schema (env vars unexpanded)."""
+        from trainer.config import load_config
+
+        for pname in PROFILE_NAMES:
+            for mode in self.profile(pname).modes:
+                try:
+                    load_config(self.resolve_trainer_config(pname, mode, expand=False))
+                except ConfigError as e:
+                    detail = str(e).removeprefix("config <config>: ")
+                    raise ConfigError(f"{self._where()}: profiles.{pname} (trainer config for mode {mode}, "
+                                      f"from 'trainer' + overrides): {detail}") from None
+
+    def _where(self) -> str:
+        return str(self.path) if self.path else f"suite {self.id}"
+
+
+# ---------------------------------------------------------------------------- helpers
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Recursively merge `over` into a copy of `base`; mappings merge, everything else replaces."""
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(obj: Any, env: Any, where: str, path: str = "") -> Any:
+    """Expand `${VAR}` and `${VAR:-default}` in every string of a nested config."""
+    if isinstance(obj, dict):
+        return {k: expand_env(v, env, where, f"{path}.{k}" if path else str(k)) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [expand_env(v, env, where, f"{path}[{i}]") for i, v in enumerate(obj)]
+    if not isinstance(obj, str):
+        return obj
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in env and env[name] != "":
+            return env[name]
+        if default is not None:
+            return default
+        raise ConfigError(f"{where}: {path} uses ${{{name}}}, which is not set "
+                          f"(export {name}=/path/to/... before running this profile)")
+
+    return _VAR.sub(sub, obj)
+
+
+def profile_unmet_requirements(suite: Suite, profile: str, env_info: dict[str, Any]) -> list[str]:
+    """Human-readable reasons why `profile` cannot run here; empty when it can.
+
+    env_info: {arch, device_name, num_gpus, packages: {name: version}, env (optional, default os.environ)}.
+    """
+    req = suite.profile(profile).requires
+    reasons: list[str] = []
+    arch = str(env_info.get("arch", "cpu"))
+    have = int(env_info.get("num_gpus", 0) or 0)
+    any_arch = "any" in req.arch
+    if req.gpus > 0 and (have < req.gpus or not (any_arch or arch in req.arch)):
+        of = "" if any_arch else f" of arch {'|'.join(req.arch)}"
+        reasons.append(f"needs {req.gpus} GPU{'s' if req.gpus > 1 else ''}{of} (have {have}, arch {arch})")
+    packages = env_info.get("packages") or {}
+    for pkg in req.packages:
+        if pkg not in packages:
+            extra = PACKAGE_EXTRAS.get(pkg)
+            how = f"pip install rlbench[{extra}]" if extra else f"pip install {pkg}"
+            reasons.append(f"needs {pkg} installed ({how})")
+    env = env_info.get("env", os.environ)
+    for var, what in req.env.items():
+        val = env.get(var)
+        if not val:
+            reasons.append(f"needs ${var} pointing at {what}")
+        elif not os.path.exists(val):
+            reasons.append(f"${var}={val} does not exist (needs {what})")
+    return reasons
+
+
+# ---------------------------------------------------------------------------- loading
+def load_suite(path: str | Path) -> Suite:
+    """Read and validate one suite file; any problem is a one-line ConfigError."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read suite file ({e.strerror}); check the path") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"{p}: YAML syntax error at {line}: {problem}; fix the YAML there") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: top level must be a mapping with id, title, ...; got {type(raw).__name__}")
+    try:
+        suite = Suite.model_validate(raw)
+    except ValidationError as e:
+        raise _to_config_error(e, str(p), Suite) from None
+    if suite.id != p.stem:
+        raise ConfigError(f"{p}: id: {suite.id!r} differs from the file name; rename the file or "
+                          f"set id: {p.stem}")
+    suite.path = p
+    suite.validate_trainer_configs()
+    return suite
+
+
+def discover_suites(directory: str | Path) -> list[Suite]:
+    """Every `*.yaml` suite in `directory`, sorted by id."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise ConfigError(f"{d}: suites directory does not exist; pass the folder holding the suite YAMLs")
+    return sorted((load_suite(p) for p in sorted(d.glob("*.yaml"))), key=lambda s: s.id)
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def _unwrap(tp: Any) -> list[Any]:
+    """Candidate types of an annotation (Optional/Union members)."""
+    origin = get_origin(tp)
+    if origin is Union or str(origin) == "<class 'types.UnionType'>":
+        return [a for a in get_args(tp) if a is not type(None)]
+    return [tp]
+
+
+def _model_at(root: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the keys at `loc` (for 'did you mean' suggestions)."""
+    cands: list[Any] = [root]
+    for part in loc:
+        nxt: list[Any] = []
+        for tp in cands:
+            for t in _unwrap(tp):
+                origin = get_origin(t)
+                if isinstance(t, type) and issubclass(t, BaseModel) and part in t.model_fields:
+                    nxt.append(t.model_fields[part].annotation)
+                elif origin is dict:
+                    nxt.append(get_args(t)[1])
+                elif origin in (list, tuple) and isinstance(part, int):
+                    nxt.append(get_args(t)[0])
+        cands = nxt
+    for tp in cands:
+        for t in _unwrap(tp):
+            if isinstance(t, type) and issubclass(t, BaseModel):
+                return t
+    return None
+
+
+def _to_config_error(err: ValidationError, where: str, root: type[BaseModel], prefix: str = "") -> ConfigError:
+    """First pydantic error -> one line: '<file>: <field path>: <problem and fix>'."""
+    e = err.errors(include_url=False)[0]
+    loc, kind, inp = tuple(e["loc"]), e["type"], e.get("input")
+    msg = str(e["msg"]).removeprefix("Value error, ")
+    if msg.startswith("@"):  # our validators name the sub-field: "@field.path: message"
+        sub, _, msg = msg[1:].partition(": ")
+        loc = loc + tuple(int(x) if x.isdigit() else x for x in re.split(r"\.|\[|\]", sub) if x)
+    path = _fmt_loc(loc)
+    if prefix:
+        path = f"{prefix}.{path}" if path else prefix
+    if kind == "extra_forbidden":
+        key = loc[-1]
+        model = _model_at(root, loc[:-1])
+        allowed = list(model.model_fields) if model else []
+        allowed = [a for a in allowed if a != "path"]
+        close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.5)
+        hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(allowed)}"
+        text = f"unknown key '{key}' ({hint})"
+    elif kind == "missing":
+        text = f"missing required key '{loc[-1]}'; add it"
+    elif kind in ("literal_error", "enum"):
+        choices = re.findall(r"'([^']*)'", str(e.get("ctx", {}).get("expected", "")))
+        close = difflib.get_close_matches(str(inp), choices, n=1, cutoff=0.5)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        text = f"bad value {inp!r} (choose one of: {', '.join(choices)}{hint})"
+    elif kind.endswith("_type") or kind.endswith("_parsing"):
+        text = f"{msg.lower().replace('input should be', 'expected')}, got {inp!r}; fix the type"
+    else:
+        text = msg
+    return ConfigError(f"{where}: {path}: {text}" if path else f"{where}: {text}")
