@@ -28,8 +28,8 @@ def _frame(data: dict[str, list[float]], start: int = 1) -> pd.DataFrame:
 
 
 def _result(verdict: str = "pass", metric: str = "actor/ppo_kl", **kw: object) -> CheckResult:
-    base = dict(check_id=f"{metric}:{verdict}", verdict=verdict, metric=metric, statistic="final",
-                expected="<= 0.001", actual=0.0005, source="article sec 2", why="numerics locked")
+    base = {"check_id": f"{metric}:{verdict}", "verdict": verdict, "metric": metric, "statistic": "final",
+            "expected": "<= 0.001", "actual": 0.0005, "source": "article sec 2", "why": "numerics locked"}
     base.update(kw)
     return CheckResult(**base)  # type: ignore[arg-type]
 
