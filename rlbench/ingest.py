@@ -232,7 +232,8 @@ def _load_verl_console(lines: list[str], warnings: list[str]) -> dict[int, dict[
                 warnings.append(f"line {i + 1}: value of {key!r} is not a number ({text.strip()[:40]!r}); ignored")
                 continue
             values[key] = v
-        _merge(rows, int(m.group("step")), values)
+        if values:  # "step:5" alone (a progress line) carries no metrics
+            _merge(rows, int(m.group("step")), values)
     return rows
 
 
@@ -251,7 +252,7 @@ def _literal_dict(text: str) -> dict[str, Any] | None:
     return {str(k): (math.nan if v is None else v) for k, v in value.items()}
 
 
-def _load_miles_console(lines: list[str], path: Path, warnings: list[str]) -> dict[int, dict[str, float]]:
+def _load_miles_console(lines: list[str], path: Path, warnings: list[str]) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     for i, raw in enumerate(lines):
         if ": {" not in raw:

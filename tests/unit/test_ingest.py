@@ -152,6 +152,7 @@ some other line with step:words in it
 \x1b[36m(TaskRunner pid=123)\x1b[0m step:2 - actor/ppo_kl:tensor(0.002, device='cuda:0') - \
 critic/score/mean:nan - actor/grad_norm:inf - training/global_step:2 - actor/lr:1e-06 [repeated 2x across cluster]
 step:3 - val-core/openai/gsm8k/reward/mean@1:0.75 - actor/ppo_kl:0.004 - note:hello
+(TaskRunner pid=123) step:4
 """
 
 
@@ -160,7 +161,7 @@ def test_verl_console_with_numpy_reprs_and_ray_prefixes(tmp_path: Path) -> None:
     log = load_metrics(path)
     assert log.source_format == "verl-console"
     f = log.frame
-    assert list(f.index) == [1, 2, 3]
+    assert list(f.index) == [1, 2, 3]  # the bare "step:4" line carries no metrics
     assert list(f["actor/ppo_kl"]) == [0.001, 0.002, 0.004]
     assert f.loc[1, "critic/score/mean"] == -0.5
     assert f.loc[1, "perf/total_num_tokens"] == 4096.0
