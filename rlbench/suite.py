@@ -341,6 +341,10 @@ class Suite(_Strict):
         """Check every (profile, mode) config against the trainer's schema (env vars unexpanded)."""
         from trainer.config import load_config
 
+        try:
+            load_config(self.trainer)
+        except ConfigError as e:
+            raise ConfigError(f"{self._where()}: trainer.{str(e).removeprefix('config <config>: ')}") from None
         for pname in PROFILE_NAMES:
             for mode in self.profile(pname).modes:
                 try:
