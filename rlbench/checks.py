@@ -153,9 +153,9 @@ def _f(x: float | None) -> str:
     if x == 0:
         return "0"
     a = abs(x)
-    if a >= 1e5 or a < 1e-2:
+    if a >= 1e6 or a < 1e-2:
         return f"{x:.3g}"
-    return f"{x:.3f}".rstrip("0").rstrip(".") if a >= 100 else f"{x:.3f}"
+    return f"{x:.3f}".rstrip("0").rstrip(".") if a >= 1 else f"{x:.3f}"
 
 
 def _span(steps: np.ndarray) -> str:
@@ -241,7 +241,7 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
     cid = check_id or ref.check_id()
     src = source or ref.source
     label = stat_label(ref.stat, ref.n, ref.threshold)
-    tag = f"[{run}] " if run else ""
+    tag = f"[{run}] " if run and cid.endswith(f"@{run}") else ""  # name the run when there are several
     if ref.metric not in frame.columns:
         return _error(ref, cid, run, missing_metric(frame, ref.metric, run), label)
     if ref.op == "band":
