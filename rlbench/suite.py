@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from trainer.errors import ConfigError
 
@@ -241,7 +241,11 @@ class Suite(_Strict):
     modes: Modes
     profiles: Profiles
     references: list[Reference] = Field(min_length=1)
-    path: Path | None = Field(default=None, exclude=True)  # set by load_suite
+    _path: Path | None = PrivateAttr(default=None)  # the file it was loaded from
+
+    @property
+    def path(self) -> Path | None:
+        return self._path
 
     @field_validator("id")
     @classmethod
@@ -447,7 +451,7 @@ def load_suite(path: str | Path) -> Suite:
     if suite.id != p.stem:
         raise ConfigError(f"{p}: id: {suite.id!r} differs from the file name; rename the file or "
                           f"set id: {p.stem}")
-    suite.path = p
+    suite._path = p
     suite.validate_trainer_configs()
     return suite
 
@@ -512,7 +516,6 @@ def _to_config_error(err: ValidationError, where: str, root: type[BaseModel], pr
         key = loc[-1]
         model = _model_at(root, loc[:-1])
         allowed = list(model.model_fields) if model else []
-        allowed = [a for a in allowed if a != "path"]
         close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.5)
         hint = f"did you mean '{close[0]}'?" if close else f"allowed: {', '.join(allowed)}"
         text = f"unknown key '{key}' ({hint})"
