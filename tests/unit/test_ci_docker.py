@@ -65,3 +65,11 @@ def test_images_install_through_setup_script(path: Path) -> None:
     assert any("bash ci/setup.sh" in run and "RLBENCH_EXTRAS=megatron,dev" in run for run in runs)
     # The vllm extra would pull PyPI's CUDA vLLM over the image's own build.
     assert not any("[vllm" in run or ",vllm" in run for run in runs)
+
+
+def test_hardware_doc_lists_every_rocm_setting() -> None:
+    doc = (ROOT / "docs" / "hardware.md").read_text()
+    for name, (value, _why) in ROCM_DEFAULT_ENV.items():
+        assert f"| `{name}` | `{value}` |" in doc, f"docs/hardware.md lacks the row of {name}"
+    for name in ROCM_ENV_NOT_SET:
+        assert f"| `{name}` |" in doc
