@@ -40,7 +40,15 @@ from pathlib import Path
 from typing import Any, Literal, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from trainer.errors import ConfigError
 
@@ -526,7 +534,7 @@ def _to_config_error(err: ValidationError, where: str, root: type[BaseModel], pr
         close = difflib.get_close_matches(str(inp), choices, n=1, cutoff=0.5)
         hint = f"; did you mean '{close[0]}'?" if close else ""
         text = f"bad value {inp!r} (choose one of: {', '.join(choices)}{hint})"
-    elif kind.endswith("_type") or kind.endswith("_parsing"):
+    elif kind.endswith(("_type", "_parsing")):
         text = f"{msg.lower().replace('input should be', 'expected')}, got {inp!r}; fix the type"
     else:
         text = msg

@@ -188,7 +188,7 @@ def test_modes_expand_and_missing_metric_lists_nearest() -> None:
 
 def test_shipped_cpu_profile_passes_on_a_learning_run(tmp_path: Path) -> None:
     suite = load_suite(SUITES / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
-    steps = pd.Index(range(0, 21), name="step")
+    steps = pd.Index(range(21), name="step")
     t = np.arange(21, dtype=float)
     run = pd.DataFrame({"critic/score/mean": np.where(t > 0, 0.2 + 0.02 * t, np.nan),
                         "actor/ppo_kl": np.where(t > 0, 1e-4, np.nan),
