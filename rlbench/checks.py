@@ -209,12 +209,12 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
             from rlbench.golden import check_golden
 
             if reason:
-                results.append(_skip(ref, reason, "golden"))
+                results.append(skipped(ref, reason, "golden"))
             else:
                 results.extend(check_golden(suite, ref, profile, runs, arch=arch, golden_dir=golden_dir))
             continue
         if reason:
-            results.append(_skip(ref, reason, ref.scope))
+            results.append(skipped(ref, reason, ref.scope))
             continue
         cross = f"cross-arch tol for {arch}; " if tol != ref.tol else ""
         if ref.kind == "ratio":
@@ -224,9 +224,9 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
         for mode in modes:
             cid = ref.check_id(mode if (ref.modes or len(modes) > 1) else None)
             if mode not in prof.modes:
-                results.append(_skip(ref, f"profile {profile} does not run mode {mode}", ref.scope, cid, mode))
+                results.append(skipped(ref, f"profile {profile} does not run mode {mode}", ref.scope, cid, mode))
             elif mode not in runs:
-                results.append(_error(ref, cid, mode, f"no run for mode {mode} (runs given: "
+                results.append(errored(ref, cid, mode, f"no run for mode {mode} (runs given: "
                                                       f"{', '.join(runs) or 'none'})"))
             else:
                 results.append(check_metric(ref, runs[mode], tol=tol, run=mode, check_id=cid, note=cross))
@@ -243,7 +243,7 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
     label = stat_label(ref.stat, ref.n, ref.threshold)
     tag = f"[{run}] " if run and cid.endswith(f"@{run}") else ""  # name the run when there are several
     if ref.metric not in frame.columns:
-        return _error(ref, cid, run, missing_metric(frame, ref.metric, run), label)
+        return errored(ref, cid, run, missing_metric(frame, ref.metric, run), label)
     if ref.op == "band":
         assert ref.lo is not None and ref.hi is not None
         steps, x = window_series(frame, ref.metric, ref.window)
@@ -279,15 +279,15 @@ def _check_ratio(ref: Reference, profile_modes: list[str], runs: dict[str, pd.Da
     label = f"ratio({pair}) of {stat_label(ref.stat, ref.n, ref.threshold)}"
     for m in (ref.num, ref.den):
         if m not in profile_modes:
-            return _skip(ref, f"this profile does not run mode {m}", ref.scope, cid, pair)
+            return skipped(ref, f"this profile does not run mode {m}", ref.scope, cid, pair)
         if m not in runs:
-            return _error(ref, cid, pair, f"no run for mode {m} (runs given: {', '.join(runs) or 'none'})", label)
+            return errored(ref, cid, pair, f"no run for mode {m} (runs given: {', '.join(runs) or 'none'})", label)
         if ref.metric not in runs[m].columns:
-            return _error(ref, cid, pair, missing_metric(runs[m], ref.metric, m), label)
+            return errored(ref, cid, pair, missing_metric(runs[m], ref.metric, m), label)
     a = compute_stat(runs[ref.num], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
     b = compute_stat(runs[ref.den], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
     if a.value is None or b.value is None or b.value == 0:
-        return _error(ref, cid, pair, f"{ref.metric} {label}: undefined ({ref.num} {_f(a.value)}, "
+        return errored(ref, cid, pair, f"{ref.metric} {label}: undefined ({ref.num} {_f(a.value)}, "
                                       f"{ref.den} {_f(b.value)})", label)
     r = a.value / b.value
     ok, bound, tol_txt = compare(r, ref.op, ref.value, tol, ref.rel_tol)
@@ -305,12 +305,14 @@ def _band(op: str, value: float, tol: float, rel: bool) -> tuple[float, float] |
     return (value - t, value + t) if op == "approx" else None
 
 
-def _skip(ref: Reference, reason: str, scope: str, cid: str | None = None, run: str = "") -> CheckResult:
+def skipped(ref: Reference, reason: str, scope: str, cid: str | None = None, run: str = "") -> CheckResult:
+    """A `skip` result whose message says why the reference does not apply here."""
     cid = cid or ref.check_id()
     return CheckResult(cid, "skip", ref.metric or "", stat_label(ref.stat, ref.n, ref.threshold), "", None,
                        ref.source, ref.why, [], f"{cid}: SKIP ({reason})", scope, run)
 
 
-def _error(ref: Reference, cid: str, run: str, reason: str, label: str | None = None) -> CheckResult:
+def errored(ref: Reference, cid: str, run: str, reason: str, label: str | None = None) -> CheckResult:
+    """An `error` result: the check could not be computed (missing run or metric, undefined statistic)."""
     return CheckResult(cid, "error", ref.metric or "", label or stat_label(ref.stat, ref.n, ref.threshold),
                        "", None, ref.source, ref.why, [], f"{cid}: ERROR ({reason})", ref.scope, run)

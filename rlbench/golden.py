@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rlbench.checks import _skip, check_metric, compute_stat, missing_metric, stat_label
+from rlbench.checks import check_metric, compute_stat, missing_metric, skipped, stat_label
 from rlbench.results import CheckResult
 from rlbench.suite import GoldenStat, Reference, Suite
 from trainer.errors import ConfigError, DataError
@@ -114,7 +114,7 @@ def check_golden(suite: Suite, ref: Reference, profile: str, runs: dict[str, pd.
     path = golden_path(suite, profile, arch, golden_dir if golden_dir is not None else default_dir(suite, ref))
     suite_arg = suite.path or f"suites/{suite.id}.yaml"
     if not path.exists():
-        return [_skip(ref, f"no golden values recorded for arch {arch}; record with "
+        return [skipped(ref, f"no golden values recorded for arch {arch}; record with "
                            f"`rlbench golden {suite_arg} --profile {profile}` ({path.name} absent)", "golden")]
     try:
         doc = json.loads(path.read_text())

@@ -70,7 +70,7 @@ PACKAGE_EXTRAS = {"vllm": "vllm", "sglang": "sglang", "megatron-core": "megatron
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    model_config = ConfigDict(extra="forbid")
 
 
 class SourceDoc(_Strict):
