@@ -38,7 +38,10 @@ MI355X = DeviceFacts(
     gcn_arch_name="gfx950:sramecc+:xnack-",
     capability=(9, 5),
 )
-H200 = DeviceFacts(cuda_version="12.8", num_gpus=2, device_name="NVIDIA H200", capability=(9, 0))
+# As probed on an H200 with torch 2.11 (CUDA 13.0): CUDA builds fill gcnArchName with the device name.
+H200 = DeviceFacts(
+    cuda_version="12.8", num_gpus=2, device_name="NVIDIA H200", gcn_arch_name="NVIDIA H200", capability=(9, 0)
+)
 CPU = DeviceFacts(cuda_version=None, hip_version=None)
 
 
