@@ -72,6 +72,14 @@ class Actor:
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
 
     # ------------------------------------------------------------------ inference
+    def _logprobs(self, micro: Batch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(logprobs [n, R], entropy [n, R])`; an FSDP2-sharded model enters through its root forward."""
+        from trainer.backends.fsdp import is_sharded, sharded_response_logprobs
+
+        fn = sharded_response_logprobs if is_sharded(self.model) else response_logprobs
+        return fn(self.model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
+                  with_entropy=with_entropy)
+
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:
         """Log-probs `[N, R]` of the batch's responses under the current weights."""
@@ -80,8 +88,7 @@ class Actor:
         out = []
         for micro in batch.chunks(size):
             micro = micro.to(self.device)
-            logp, _ = response_logprobs(self.model, micro, temperature=self.temperature,
-                                        chunk_size=self.cfg.logprob_chunk_size)
+            logp, _ = self._logprobs(micro)
             out.append(logp.float().cpu())
         return torch.cat(out)
 
@@ -122,9 +129,7 @@ class Actor:
                 for micro in mini.chunks(cfg.ppo_micro_batch_size_per_gpu):
                     micro = micro.to(self.device)
                     mask = micro.response_mask
-                    logp, entropy = response_logprobs(self.model, micro, temperature=self.temperature,
-                                                      chunk_size=cfg.logprob_chunk_size,
-                                                      with_entropy=True)
+                    logp, entropy = self._logprobs(micro, with_entropy=True)
                     old = micro.old_logprobs if not reuse_forward_as_old else logp.detach()
                     if reuse_forward_as_old:
                         old_from_forward.append(old.float().cpu())
