@@ -93,16 +93,21 @@ def _load_embedded(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreT
     gguf = embedded_gguf(name)
     tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    model.config.quantization_config = None  # de-quantized on load: the cached copy is plain fp32
-    if hasattr(model.config, "_pre_quantization_dtype"):
-        del model.config._pre_quantization_dtype
+    # de-quantized on load: drop the GGUF quantizer so the cached copy is a plain fp32 checkpoint
+    model.hf_quantizer = None
+    for attr in ("quantization_config", "_pre_quantization_dtype"):
+        if hasattr(model.config, attr):
+            delattr(model.config, attr)
+    if hasattr(model, "is_quantized"):
+        model.is_quantized = False
     try:
         tmp = cached.with_name(cached.name + f".tmp{os.getpid()}")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         tmp.rename(cached)
-    except OSError:
-        pass  # read-only cache: load from GGUF every time
+    except (OSError, ValueError) as e:  # read-only cache, or a transformers that refuses: load from GGUF next time
+        import logging
+        logging.getLogger(__name__).warning("could not cache the converted model at %s: %s", cached, e)
     return model.to(dtype), tokenizer
 
 

@@ -6,8 +6,9 @@ log-probability is taken from `log_softmax(logits / temperature)` in fp32, the d
 trainer uses (`trainer/ops/logprobs.py`), so rollout-vs-trainer mismatch measures numerics only.
 Top-k / top-p filter what can be *sampled*; the reported log-prob is under the unfiltered
 temperature-scaled distribution (the trainer cannot apply the filters; with the default
-top_k=-1, top_p=1 the two agree). Finished rows are dropped from the batch as they finish, so late
-decode steps run on the rows still going.
+top_k=-1, top_p=1 the two agree). Each distinct prompt is prefilled once and its KV cache copied
+to its n samples; finished rows are dropped from the batch as they finish, so late decode steps
+run on the rows still going.
 
 The engine owns its copy of the weights (possibly in another dtype than the trainer's);
 `update_weights` copies the trainer's tensors in place.
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -85,9 +86,41 @@ class HFRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 should_stop: Callable[[], bool] | None = None) -> Rollout:
+        """Sample `params.n` responses per prompt. `should_stop` (checked before every decode step)
+        interrupts the batch: unfinished rows come back with finish reason "abort" and can be
+        resumed with `continue_generation`."""
         n = params.n
         rows = [p for p in prompts for _ in range(n)]  # [B] prompts, each repeated n times
+        tokens, logps, finish = self._decode(rows, [params.max_new_tokens] * len(rows), params, should_stop)
+        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows))
+
+    @torch.no_grad()
+    def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
+                            partial_logprobs: list[list[float]], params: SamplingParams, *,
+                            should_stop: Callable[[], bool] | None = None) -> Rollout:
+        """Resume interrupted responses (one row each; `params.n` is ignored) under the current weights.
+
+        Row i continues `prompts[i] + partial_ids[i]` for at most `max_new_tokens - len(partial_ids[i])`
+        tokens. The returned response is the partial one plus the new tokens; the partial tokens keep
+        the log-probs they were sampled with (`partial_logprobs`), the new ones get this engine's.
+        """
+        budgets = [params.max_new_tokens - len(p) for p in partial_ids]
+        if min(budgets, default=1) < 1:
+            raise ValueError("continue_generation: a partial response already has max_new_tokens tokens")
+        rows = [list(p) + list(r) for p, r in zip(prompts, partial_ids)]
+        new_tokens, new_logps, finish = self._decode(rows, budgets, params, should_stop)
+        return Rollout(prompt_ids=[list(p) for p in prompts],
+                       response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
+                       response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
+                       finish_reasons=finish, group_index=list(range(len(rows))),
+                       policy_version=[self.version] * len(rows))
+
+    def _decode(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                should_stop: Callable[[], bool] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """Left-pad `rows`, prefill once, decode until each row stops, exhausts its budget or is interrupted."""
         b = len(rows)
         p_len = max(len(r) for r in rows)
         input_ids = torch.full((b, p_len), self.pad_token_id, dtype=torch.long)
@@ -98,6 +131,7 @@ class HFRolloutEngine(RolloutEngine):
         input_ids, attn = input_ids.to(self.device), attn.to(self.device)
         pos = (attn.cumsum(-1) - 1).clamp(min=0)
         stop = torch.tensor(sorted(set(self.eos_token_ids) | set(params.stop_token_ids)), device=self.device)
+        budget = torch.tensor(budgets, device=self.device)  # [B] new tokens each row may still sample
 
         out_tokens: list[list[int]] = [[] for _ in range(b)]
         out_logps: list[list[float]] = [[] for _ in range(b)]
@@ -109,17 +143,20 @@ class HFRolloutEngine(RolloutEngine):
                             use_cache=True).logits[:, -1]  # [B, V]
         next_pos = pos[:, -1:] + 1  # [B, 1]
         toks_hist, lps_hist, rows_hist = [], [], []
-        for t in range(params.max_new_tokens):
+        for t in range(int(budget.max())):
+            if should_stop is not None and should_stop():
+                for row in alive.tolist():
+                    finish[row] = "abort"
+                break
             tokens, logps = sample_next(logits, params, self.generator)  # [B'], [B']
             toks_hist.append(tokens)
             lps_hist.append(logps)
             rows_hist.append(alive)
-            done = torch.isin(tokens, stop)
-            if t == params.max_new_tokens - 1:
-                break
+            stopped = torch.isin(tokens, stop)  # [B']
+            for row in alive[stopped].tolist():
+                finish[row] = "stop"
+            done = stopped | (budget[alive] <= t + 1)  # rows that hit their budget keep "length"
             if done.any():
-                for row in alive[done].tolist():
-                    finish[row] = "stop"
                 keep = (~done).nonzero().squeeze(-1)
                 if keep.numel() == 0:
                     break
@@ -130,14 +167,8 @@ class HFRolloutEngine(RolloutEngine):
             logits = self.model(input_ids=tokens[:, None], attention_mask=attn, position_ids=next_pos,
                                 past_key_values=cache, use_cache=True).logits[:, -1]
             next_pos = next_pos + 1
-        # rows that stopped on the very last sampled token
-        if toks_hist:
-            last_done = torch.isin(toks_hist[-1], stop)
-            for row in rows_hist[-1][last_done].tolist():
-                finish[row] = "stop"
         for toks, lps, rws in zip(toks_hist, lps_hist, rows_hist):
             for row, tok, lp in zip(rws.tolist(), toks.tolist(), lps.tolist()):
                 out_tokens[row].append(tok)
                 out_logps[row].append(lp)
-        return Rollout(prompt_ids=rows, response_ids=out_tokens, response_logprobs=out_logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(b)], policy_version=[self.version] * b)
+        return out_tokens, out_logps, finish
