@@ -120,6 +120,11 @@ class ActorConfig(_Section):
     strategy: Literal["fsdp2", "megatron"] = "fsdp2"
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     logprob_chunk_size: int = Field(1024, gt=0, description="tokens per chunk when computing log-probs/entropy from hidden states")
+    mixed_precision: Literal["none", "bf16"] = Field("none", description=(
+        "bf16: keep model.dtype=float32 master weights and optimizer state, run the forward/backward "
+        "matmuls in bf16 under torch.autocast"))
+    mfu_peak_tflops: float | None = Field(None, gt=0, description=(
+        "bf16 dense peak TFLOP/s per device for perf/mfu/actor; None: the vendor figure for the detected device"))
 
 
 class CriticConfig(_Section):

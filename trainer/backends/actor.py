@@ -24,6 +24,7 @@ with FSDP2 (`fully_shard`, `trainer/backends/fsdp.py`) and the counts are all-re
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Iterator
 
@@ -36,6 +37,9 @@ from trainer.algorithms.mismatch import truncated_is_weights
 from trainer.algorithms.policy_loss import compute_policy_loss
 from trainer.batch import Batch
 from trainer.config import ActorConfig
+from trainer.errors import ConfigError
+from trainer.ops.flops import batch_seqlens, mfu, train_flops
+from trainer.platform import peak_bf16_tflops
 from trainer.ops.logprobs import response_logprobs
 
 
@@ -77,8 +81,10 @@ class Actor:
         from trainer.backends.fsdp import is_sharded, sharded_response_logprobs
 
         fn = sharded_response_logprobs if is_sharded(self.model) else response_logprobs
-        return fn(self.model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
-                  with_entropy=with_entropy)
+        # mixed precision: fp32 master weights and optimizer state, bf16 matmuls (log-softmax stays fp32)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision == "bf16"):
+            return fn(self.model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
+                      with_entropy=with_entropy)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:
@@ -114,6 +120,7 @@ class Actor:
         `batch.old_logprobs` for the mismatch metrics.
         """
         cfg = self.cfg
+        t_start = time.perf_counter()
         self.model.train()
         metrics: dict[str, list[float]] = defaultdict(list)
         mini_size = cfg.ppo_mini_batch_size * n
@@ -177,7 +184,21 @@ class Actor:
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
         out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         self.model.eval()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        out.update(self._mfu(batch, time.perf_counter() - t_start))
         return out
+
+    def _mfu(self, batch: Batch, seconds: float) -> dict[str, float]:
+        """`perf/mfu/actor`: model FLOPs of this worker's update over seconds x the device's bf16 peak."""
+        if self.device.type != "cuda":
+            return {}
+        try:
+            peak = peak_bf16_tflops(torch.cuda.get_device_name(self.device), self.cfg.mfu_peak_tflops)
+        except ConfigError:
+            return {}
+        flops = train_flops(self.model.config, batch_seqlens(batch.attention_mask)) * self.cfg.ppo_epochs
+        return {"perf/mfu/actor": mfu(flops, seconds, peak)}
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
