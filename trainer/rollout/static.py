@@ -132,6 +132,7 @@ class StaticRolloutEngine(RolloutEngine):
         self.prompt_bucket: int = int(opts.get("prompt_bucket", 64 if on_cuda else 1))
         self.check_every: int = int(opts.get("check_every", 32 if on_cuda else 1))
         self.compile_s = 0.0  # seconds spent capturing graphs (reported apart from decode time)
+        self.graph_error: str | None = None  # why graph capture failed, when it did
         self._build()
         self._params = dict(self.model.named_parameters())
         self._slots: dict[tuple[int, int, int], _Slot] = {}
@@ -311,10 +312,18 @@ class StaticRolloutEngine(RolloutEngine):
                     self._decode_step(slot, params)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            if hasattr(graph, "register_generator_state"):
-                graph.register_generator_state(self._gen)
-            with torch.cuda.graph(graph):
-                self._decode_step(slot, params)
+            try:
+                if hasattr(graph, "register_generator_state"):
+                    graph.register_generator_state(self._gen)
+                with torch.cuda.graph(graph):
+                    self._decode_step(slot, params)
+            except RuntimeError as e:  # capture unsupported here: decode eagerly, say why
+                self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
+                self.use_graphs = False
+                for dst, src in zip((slot.cache, slot.tokens, slot.pos, slot.col, slot.t, slot.done,
+                                     slot.out_tokens, slot.out_logps), saved):
+                    dst.copy_(src)
+                return lambda: self._decode_step(slot, params)
             for dst, src in zip((slot.cache, slot.tokens, slot.pos, slot.col, slot.t, slot.done,
                                  slot.out_tokens, slot.out_logps), saved):
                 dst.copy_(src)

@@ -1,0 +1,1 @@
+"""GPU benchmarks of the trainer: `python -m trainer.bench --help`."""

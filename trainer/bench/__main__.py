@@ -1,0 +1,145 @@
+"""`python -m trainer.bench [sections...] --out DIR`: run benchmark sections, print tables, write JSON.
+
+Sections: ceilings, rollout, train, sync, grpo (this trainer vs TRL's GRPOTrainer, same run).
+Each section writes `DIR/<section>.json` as soon as it finishes; a section that fails records its
+error and the others still run. Every file carries the machine, versions and commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.errors import ConfigError
+from trainer.platform import collect_env, peak_bf16_tflops
+
+SECTIONS = ("ceilings", "rollout", "train", "sync", "grpo")
+
+
+def provenance() -> dict[str, Any]:
+    info: dict[str, Any] = {"date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                            "argv": sys.argv, "torch": torch.__version__}
+    try:
+        info["env"] = collect_env(Path(__file__).resolve().parents[2])
+    except Exception as e:  # provenance must never stop a benchmark
+        info["env_error"] = repr(e)
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name()
+        info["cuda"] = torch.version.cuda
+    try:
+        import transformers
+        info["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def table(rows: list[dict[str, Any]], keys: list[str]) -> str:
+    def fmt(v: Any) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+    cells = [keys] + [[fmt(r.get(k, "")) for k in keys] for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(len(keys))]
+    return "\n".join("  ".join(c[i].rjust(widths[i]) for i in range(len(keys))) for c in cells)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m trainer.bench", description=__doc__)
+    ap.add_argument("sections", nargs="*", default=list(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
+    ap.add_argument("--out", default="outputs/bench", help="folder for the JSON files")
+    ap.add_argument("--rollout-shape", default="qwen2.5-0.5b")
+    ap.add_argument("--batches", default="16,64,256")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--hf-generate", action="store_true", help="also time transformers' generate (slow)")
+    ap.add_argument("--train-shapes", default="qwen2.5-0.5b,qwen2.5-1.5b")
+    ap.add_argument("--train-seqs", type=int, default=16)
+    ap.add_argument("--train-len", type=int, default=1024)
+    ap.add_argument("--train-micro", type=int, default=16)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--grpo-steps", type=int, default=4)
+    ap.add_argument("--peak-tflops", type=float, default=None, help="vendor bf16 peak override")
+    args = ap.parse_args(argv)
+    bad = [s for s in args.sections if s not in SECTIONS]
+    if bad:
+        raise ConfigError(f"trainer.bench: unknown section(s) {bad} (fix: choose from {', '.join(SECTIONS)})")
+    if not torch.cuda.is_available():
+        raise ConfigError("trainer.bench needs a CUDA or ROCm device (fix: run it on a GPU machine)")
+    from trainer.bench import grpo_step, perf
+
+    dev = torch.device("cuda")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prov = provenance()
+    try:
+        vendor = peak_bf16_tflops(torch.cuda.get_device_name(), args.peak_tflops)
+    except ConfigError:
+        vendor = float("nan")
+    ceil = {"copy_gbps": float("nan"), "bf16_matmul_tflops": float("nan")}
+    summary: list[str] = []
+
+    def run(name: str, fn) -> Any:  # noqa: ANN001
+        t0 = time.perf_counter()
+        try:
+            res = fn()
+            err = None
+        except Exception as e:
+            res, err = None, "".join(traceback.format_exception(e))[-4000:]
+            print(f"[{name}] FAILED\n{err}", flush=True)
+        (out / f"{name}.json").write_text(json.dumps({"provenance": prov, "section": name, "result": res,
+                                                      "error": err, "wall_s": time.perf_counter() - t0}, indent=1))
+        return res
+
+    if "ceilings" in args.sections:
+        ceil = run("ceilings", lambda: perf.ceilings(dev)) or ceil
+        summary.append(f"ceilings: copy {ceil['copy_gbps']:.0f} GB/s, bf16 matmul {ceil['bf16_matmul_tflops']:.0f} "
+                       f"TFLOP/s (vendor {vendor})")
+    if "rollout" in args.sections:
+        engines = ("static", "hf_generate") if args.hf_generate else ("static",)
+        rows = run("rollout", lambda: perf.bench_rollout(
+            args.rollout_shape, [int(b) for b in args.batches.split(",")], prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens, copy_gbps=ceil["copy_gbps"], device=dev, engines=engines))
+        if rows:
+            summary.append(table(rows, ["engine", "batch", "tok_s", "roofline_tok_s", "frac_roofline",
+                                        "graph_capture_s", "first_call_s"]))
+    if "train" in args.sections:
+        rows = []
+        for shape in args.train_shapes.split(","):
+            r = run(f"train_{shape}", lambda: perf.bench_training(
+                shape, num_seqs=args.train_seqs, seq_len=args.train_len, prompt_len=32, micro=args.train_micro,
+                device=dev, matmul_tflops=ceil["bf16_matmul_tflops"], vendor_tflops=vendor, steps=args.steps))
+            if r:
+                rows.append(r)
+        if rows:
+            summary.append(table(rows, ["shape", "tok_s", "mfu_vs_measured_6n", "mfu_vs_measured", "mfu_vs_vendor",
+                                        "actor_metric_mfu", "peak_mem_gib"]))
+    if "sync" in args.sections:
+        r = run("sync", lambda: perf.bench_weight_sync(args.rollout_shape, dev))
+        if r:
+            summary.append(f"weight sync {r['shape']}: {r['median_ms']:.2f} ms (weights match: {r['weights_match']})")
+    if "grpo" in args.sections:
+        kw = dict(num_prompts=8, n=8, prompt_len=args.prompt_len, new_tokens=args.new_tokens, device=dev,
+                  steps=args.grpo_steps)
+        a = run("grpo_rlbench", lambda: grpo_step.ours(args.rollout_shape, **kw))
+        b = run("grpo_trl", lambda: grpo_step.trl(args.rollout_shape, **kw))
+        rows = [r for r in (a, b) if r]
+        if rows:
+            summary.append(table(rows, ["side", "median_step_s", "completion_tok_s", "peak_mem_gib"]))
+        if a and b:
+            summary.append(f"completion tok/s ratio rlbench/trl: {a['completion_tok_s'] / b['completion_tok_s']:.2f}")
+        if a:
+            summary.append(f"step-0 mismatch: {json.dumps(a['step0_mismatch'])}")
+    print("\n\n".join(summary), flush=True)
+    (out / "summary.txt").write_text("\n\n".join(summary) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
