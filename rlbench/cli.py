@@ -1,0 +1,242 @@
+"""The `rlbench` command: run a case-study suite, check logs of a run made elsewhere, record golden values.
+
+    rlbench list                                                   # suites, profiles, can each run here?
+    rlbench run suites/verl_grpo_qwen3_8b_sglang_gfx950.yaml --profile cpu
+    rlbench run verl_dapo_qwen25_math_7b_fully_async_gfx942 --profile cpu --set trainer.total_steps=4
+    rlbench check run/metrics.jsonl --suite verl_grpo_qwen3_8b_sglang_gfx950 --profile full --arch gfx950
+    rlbench check --suite verl_geo3k_qwen35_35b_a3b_moe_gfx950 --arch gfx950 \\
+        --run colocated=coloc/metrics.jsonl --run fully_async=async/metrics.jsonl
+    rlbench golden verl_grpo_qwen3_8b_sglang_gfx950 --profile cpu --seeds 3
+
+`run` trains the profile's modes and seeds (see rlbench/runner.py for the run folder), `check`
+reads verl (JSONL or console), Miles or rlbench logs (rlbench/ingest.py), `golden` records
+per-arch references over seeds (rlbench/golden.py). Each prints one line per check.
+
+Exit status: 0 every check passed (or was skipped), 1 a check failed or could not be computed,
+2 bad input (one line `error: ...` on stderr, no traceback).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rlbench.results import CheckResult
+from rlbench.suite import MODE_NAMES, PROFILE_NAMES, Suite, discover_suites, profile_unmet_requirements
+from trainer.errors import ConfigError, RLBenchError
+
+_MARK = {"pass": "PASS ", "fail": "FAIL ", "skip": "skip ", "error": "ERROR"}
+
+
+# ---------------------------------------------------------------------------- output
+def verdict_lines(results: list[CheckResult], seeds: list[int] | None = None) -> list[str]:
+    """One line per check: verdict, then the check's own one-line message."""
+    lines = []
+    for i, r in enumerate(results):
+        seed = f"[seed {seeds[i]}] " if seeds is not None and len(set(seeds)) > 1 else ""
+        lines.append(f"{_MARK[r.verdict]} {seed}{r.message or r.check_id}")
+    return lines
+
+
+def summary_line(results: list[CheckResult], where: Path | None) -> str:
+    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
+    text = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    return f"{text or 'no checks'}" + (f"; report: {where}" if where else "")
+
+
+def exit_code(results: list[CheckResult]) -> int:
+    return 1 if any(r.verdict in ("fail", "error") for r in results) else 0
+
+
+# ---------------------------------------------------------------------------- helpers
+def _env(arch: str | None) -> tuple[dict[str, Any], str]:
+    """The machine record and the arch to use (`--arch`, checked against the detected one)."""
+    from rlbench.runner import arch_mismatch
+    from trainer.platform import collect_env
+
+    env = collect_env()
+    detected = str(env.get("arch") or "cpu")
+    arch = arch or detected
+    msg = arch_mismatch(arch, detected, env.get("device_name"))
+    if msg:
+        raise ConfigError(msg)
+    return env, arch
+
+
+def _mode_logs(suite: Suite, profile: str, logs: list[str], mode: list[str] | None,
+               run: list[str] | None) -> dict[str, Path]:
+    """Which log is which mode: `--run mode=path`, else LOGs matched to `--mode` or the profile's modes."""
+    prof_modes = suite.profile(profile).modes
+    out: dict[str, Path] = {}
+    for item in run or []:
+        name, sep, path = item.partition("=")
+        if not sep or name not in MODE_NAMES or not path:
+            raise ConfigError(f"--run {item!r}: expected MODE=PATH with MODE one of {', '.join(MODE_NAMES)} "
+                              "(e.g. --run fully_async=async/metrics.jsonl)")
+        out[name] = Path(path)
+    if logs and run:
+        raise ConfigError("give the logs either as LOG arguments or as --run MODE=PATH, not both "
+                          "(--run says which mode each log is)")
+    if logs:
+        modes = mode or (prof_modes if len(logs) == len(prof_modes) else None)
+        if modes is None or len(modes) != len(logs):
+            raise ConfigError(f"{len(logs)} log(s) for profile {profile} which runs {', '.join(prof_modes)}: "
+                              "say which mode each log is with --mode M (one per log) or --run MODE=PATH")
+        for m in modes:
+            if m not in MODE_NAMES:
+                raise ConfigError(f"--mode {m}: choose one of {', '.join(MODE_NAMES)}")
+        out = dict(zip(modes, map(Path, logs)))
+    if not out:
+        raise ConfigError("no logs given: pass LOG (a verl/Miles/rlbench metrics log) or --run MODE=PATH")
+    return out
+
+
+# ---------------------------------------------------------------------------- commands
+def cmd_run(args: argparse.Namespace) -> int:
+    from rlbench.runner import find_suite, run_profile
+
+    suite = find_suite(args.suite)
+    env, arch = _env(args.arch)
+    outcome = run_profile(suite, args.profile, out=args.out, arch=arch, seeds=args.seeds,
+                          modes=args.mode, sets=args.set, env=env)
+    print("\n".join(verdict_lines(outcome.results, outcome.seed_of)))
+    print(summary_line(outcome.results, outcome.report))
+    return exit_code(outcome.results)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from rlbench.ingest import load_metrics
+    from rlbench.runner import evaluate_runs, find_suite
+
+    suite = find_suite(args.suite)
+    if args.arch is None:
+        if args.profile != "full":
+            raise ConfigError(f"--arch: say which arch the {args.profile} run ran on (e.g. --arch cpu or gfx942)")
+        args.arch = suite.published_on.arch
+        print(f"note: --arch not given; checking as the published arch {args.arch}", file=sys.stderr)
+    paths = _mode_logs(suite, args.profile, args.logs, args.mode, args.run)
+    runs = {}
+    for mode, path in paths.items():
+        log = load_metrics(path, fmt=args.format)
+        for w in log.warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        print(f"{mode}: {path} ({log.source_format}, {len(log.frame)} steps, {len(log.frame.columns)} metrics)",
+              file=sys.stderr)
+        runs[mode] = log.frame
+    out = Path(args.out) if args.out else Path("runs") / "check" / suite.id / args.profile
+    env = {"arch": args.arch, "device_name": args.device or "", "logs": {m: str(p) for m, p in paths.items()}}
+    prov = {"suite_file": str(suite.path), "profile": args.profile, "logs": env["logs"],
+            "command": " ".join(sys.argv)}
+    outcome = evaluate_runs(suite, args.profile, {0: runs}, arch=args.arch, device_name=args.device or "",
+                            folder=out, env=env, provenance=prov, report=args.report,
+                            status=lambda line: print(f"[rlbench] {line}", file=sys.stderr))
+    print("\n".join(verdict_lines(outcome.results)))
+    print(summary_line(outcome.results, outcome.report))
+    return exit_code(outcome.results)
+
+
+def cmd_golden(args: argparse.Namespace) -> int:
+    from rlbench.golden import default_dir, golden_refs, record_golden
+    from rlbench.runner import find_suite, provenance, seed_list, train_profile
+
+    suite = find_suite(args.suite)
+    refs = golden_refs(suite, args.profile)
+    if not refs:
+        raise ConfigError(f"{suite.path}: references: no 'golden' reference for profile {args.profile}; "
+                          f"add one with kind: golden, profiles: [{args.profile}], stats: [...]")
+    env, arch = _env(args.arch)
+    seeds = seed_list(suite, args.profile, args.seeds or len(suite.profile(args.profile).seeds))
+    runs = train_profile(suite, args.profile, args.out, seeds=seeds, sets=args.set)
+    prov = provenance(suite, args.profile, seeds, env, args.set)
+    prov.update({"arch": arch, "device": env.get("device_name") or "cpu", "versions": env.get("versions"),
+                 "python": env.get("python"), "platform": env.get("platform")})
+    out_dir = Path(args.golden_dir) if args.golden_dir else default_dir(suite, refs[0])
+    path = record_golden(suite, args.profile, arch, [runs.frames(s) for s in seeds], prov, out_dir)
+    doc = json.loads(path.read_text())
+    for key, entry in doc.get("values", {}).items():
+        print(f"{key}: {entry.get('mean'):.4g} +- {entry.get('tol'):.3g}")
+    print(f"golden values for {suite.id} [{args.profile}] on {arch} over seeds {seeds}: {path}")
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from rlbench.runner import PROJECT_ROOT, machine_info
+
+    directory = Path(args.suites_dir) if args.suites_dir else (
+        Path("suites") if Path("suites").is_dir() else PROJECT_ROOT / "suites")
+    info = machine_info(args.arch)
+    print(f"machine: arch {info['arch']}, {info['num_gpus']} GPU(s), device {info['device_name'] or '-'}")
+    for suite in discover_suites(directory):
+        print(f"{suite.id}  ({suite.path})")
+        for pname in PROFILE_NAMES:
+            prof = suite.profile(pname)
+            unmet = profile_unmet_requirements(suite, pname, info)
+            can = "runs here" if not unmet else "cannot run here: " + "; ".join(unmet)
+            print(f"  {pname:5} {'+'.join(prof.modes):22} {prof.steps:4} steps  {can}")
+    return 0
+
+
+# ---------------------------------------------------------------------------- parser
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rlbench", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def common_run(sp: argparse.ArgumentParser, default_profile: str | None) -> None:
+        sp.add_argument("suite", help="suite file (suites/<id>.yaml) or suite id")
+        sp.add_argument("--profile", choices=PROFILE_NAMES, required=default_profile is None,
+                        default=default_profile, help="full | mini | cpu")
+        sp.add_argument("--arch", help="arch to run and check as (default: detected; cpu = CPU only)")
+        sp.add_argument("--out", default="runs", help="runs go to OUT/<suite>/<profile>/ (default: runs)")
+        sp.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],
+                        help="trainer override applied to every run, e.g. trainer.total_steps=4 (repeatable)")
+
+    r = sub.add_parser("run", help="train a suite profile and check it")
+    common_run(r, None)
+    r.add_argument("--seeds", type=int, help="number of seeds (the profile's first N; default 1)")
+    r.add_argument("--mode", action="append", choices=MODE_NAMES, help="run only this mode (repeatable)")
+    r.set_defaults(func=cmd_run)
+
+    c = sub.add_parser("check", help="check logs of a run made elsewhere (verl, Miles, rlbench)")
+    c.add_argument("logs", nargs="*", metavar="LOG", help="metrics log(s); see --mode / --run")
+    c.add_argument("--suite", required=True, help="suite file or id")
+    c.add_argument("--profile", choices=PROFILE_NAMES, default="full", help="profile the logs ran (default full)")
+    c.add_argument("--arch", help="arch the run ran on (default for full: the published arch)")
+    c.add_argument("--device", help="board the run ran on, e.g. MI300X (device-scoped checks need it)")
+    c.add_argument("--mode", action="append", choices=MODE_NAMES, help="mode of each LOG, in order")
+    c.add_argument("--run", action="append", metavar="MODE=PATH", help="a log and its mode (repeatable)")
+    c.add_argument("--format", default="auto", help="log format (default: detected)")
+    c.add_argument("--out", help="folder for checks.json and report.html (default runs/check/<suite>/<profile>)")
+    c.add_argument("--report", help="report path (default: OUT/report.html)")
+    c.set_defaults(func=cmd_check)
+
+    g = sub.add_parser("golden", help="record golden values of a mini/cpu profile over seeds")
+    common_run(g, "cpu")
+    g.add_argument("--seeds", type=int, help="number of seeds (default: the profile's seeds)")
+    g.add_argument("--golden-dir", help="where golden files go (default: the reference's golden_dir)")
+    g.set_defaults(func=cmd_golden)
+
+    ls = sub.add_parser("list", help="suites, profiles, and whether each can run here")
+    ls.add_argument("--arch", help="see the machine as this arch (default: detected)")
+    ls.add_argument("--suites-dir", help="folder of suite files (default: ./suites or the project's)")
+    ls.set_defaults(func=cmd_list)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except RLBenchError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

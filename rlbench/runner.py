@@ -1,0 +1,302 @@
+"""Drive trainer runs for one suite x profile and write its run folder; shared by the CLI and pytest.
+
+    from rlbench.runner import run_profile
+    outcome = run_profile(suite, "cpu", out="runs", arch="cpu", seeds=1)
+    outcome.verdict            # "pass" | "fail" | "error" | "skip"
+    outcome.report             # runs/<suite>/cpu/report.html
+
+For every seed and every mode the profile runs (colocated before fully_async), the suite's
+trainer config is resolved (`Suite.resolve_trainer_config`), the `--set key=value` overrides are
+applied, and `trainer.api.train` writes its log into
+
+    <out>/<suite_id>/<profile>/<mode>/metrics.jsonl            (one seed)
+    <out>/<suite_id>/<profile>/<mode>/seed<k>/metrics.jsonl    (several seeds)
+
+Then the run folder `<out>/<suite_id>/<profile>/` gets `config.<mode>.yaml` (the resolved config
+of the first seed; each training folder keeps its own `config.yaml`), `env.json` (the machine),
+`checks.json` (every check result, with its seed) and `report.html` (one section per seed).
+
+Runs start fresh (`trainer.resume: false`) unless `--set trainer.resume=true` is given: a folder
+left by an earlier run with other settings must not be continued silently. The profile's `env`
+(e.g. AITER flags) is set in the process environment for the duration of its runs.
+
+Arch: `--arch cpu` is accepted on any machine and means "use the CPU only" (profiles that need
+GPUs are then skipped); any other `--arch` must equal the detected one (`arch_mismatch`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import datetime as _dt
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+
+from rlbench.checks import evaluate
+from rlbench.ingest import load_metrics
+from rlbench.report import ReportSection, overall_verdict, render_report, render_session_report
+from rlbench.results import CheckResult
+from rlbench.suite import Suite, load_suite, profile_unmet_requirements
+from trainer.config import apply_overrides
+from trainer.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# What to run on, by arch, for the message of a contradicting --arch.
+ARCH_DEVICES = {"gfx942": "an MI300X/MI325X", "gfx950": "an MI350X/MI355X", "sm_90": "an H100/H200/H20",
+                "sm_80": "an A100"}
+
+Status = Callable[[str], None]
+
+
+def stderr_status(line: str) -> None:
+    """One status line per phase, on stderr beside the trainer's tqdm bar."""
+    print(f"[rlbench] {line}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------- suites and machine
+def find_suite(name: str, suites_dir: str | Path | None = None) -> Suite:
+    """A suite by path (`suites/x.yaml`) or by id (`x`, looked up in ./suites then the project's)."""
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        return load_suite(p)
+    dirs = [Path(suites_dir)] if suites_dir else [Path.cwd() / "suites", PROJECT_ROOT / "suites"]
+    for d in dirs:
+        cand = d / f"{name}.yaml"
+        if cand.is_file():
+            return load_suite(cand)
+    known = sorted({f.stem for d in dirs if d.is_dir() for f in d.glob("*.yaml")})
+    raise ConfigError(f"suite {name!r}: no file {dirs[0] / (name + '.yaml')}; pass a suite path or one of: "
+                      f"{', '.join(known) or '(no suites found)'}")
+
+
+def installed_packages(versions: dict[str, str | None]) -> dict[str, str]:
+    return {k: v for k, v in versions.items() if v}
+
+
+def machine_info(arch: str | None = None, env: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`profile_unmet_requirements`' env_info for this machine, seen as `arch` (default: detected).
+
+    `env`: a `trainer.platform.collect_env()` record (probed when None). With arch `cpu` the GPUs
+    are ignored: that arch means "run on the CPU".
+    """
+    if env is None:
+        from trainer.platform import collect_env
+
+        env = collect_env()
+    arch = arch or str(env.get("arch") or "cpu")
+    return {
+        "arch": arch,
+        "device_name": "cpu" if arch == "cpu" else (env.get("device_name") or ""),
+        "num_gpus": 0 if arch == "cpu" else int(env.get("num_gpus") or 0),
+        "packages": installed_packages(env.get("versions") or {}),
+    }
+
+
+def arch_mismatch(requested: str, detected: str, device_name: str | None = None) -> str | None:
+    """One-line message when `--arch requested` contradicts the machine, else None."""
+    if requested in ("cpu", detected):
+        return None
+    what = f"{detected} ({device_name})" if device_name and detected != "cpu" else detected
+    if detected == "cpu":
+        what = "cpu (no ROCm or CUDA GPU visible)"
+    where = ARCH_DEVICES.get(requested, f"a {requested} GPU")
+    return (f"--arch {requested} but this machine is {what}: run on {where}, or use --arch {detected}, "
+            f"or `rlbench check` / `--rlbench-logs` to validate logs of a run made elsewhere")
+
+
+def seed_list(suite: Suite, profile: str, num_seeds: int | None) -> list[int]:
+    """The first `num_seeds` of the profile's seeds (continued 0, 1, ... past them); None: the first."""
+    seeds = list(suite.profile(profile).seeds)
+    n = 1 if num_seeds is None else num_seeds
+    if n < 1:
+        raise ConfigError(f"--seeds {n}: give at least 1 seed")
+    extra = (s for s in range(10_000) if s not in seeds)
+    while len(seeds) < n:
+        seeds.append(next(extra))
+    return seeds[:n]
+
+
+# ---------------------------------------------------------------------------- training
+@dataclass
+class ProfileRuns:
+    """Where the metrics of each (seed, mode) were written."""
+
+    folder: Path  # <out>/<suite_id>/<profile>
+    seeds: list[int]
+    modes: list[str]
+    metrics: dict[int, dict[str, Path]] = field(default_factory=dict)  # seed -> mode -> metrics.jsonl
+
+    def frames(self, seed: int) -> dict[str, pd.DataFrame]:
+        return {m: load_metrics(p).frame for m, p in self.metrics[seed].items()}
+
+
+def train_dir(folder: Path, mode: str, seed: int, several_seeds: bool) -> Path:
+    return folder / mode / f"seed{seed}" if several_seeds else folder / mode
+
+
+def resolved_config(suite: Suite, profile: str, mode: str, seed: int, out_dir: Path,
+                    sets: list[str] | None = None) -> dict[str, Any]:
+    """The trainer config dict of one run: suite resolution, then the runner's settings, then `sets`."""
+    cfg = suite.resolve_trainer_config(profile, mode, seed=seed)
+    tr = cfg.setdefault("trainer", {})
+    tr["out_dir"] = str(out_dir)
+    tr["resume"] = False
+    return apply_overrides(cfg, list(sets or []))
+
+
+@contextlib.contextmanager
+def profile_env(env: dict[str, str]) -> Iterator[None]:
+    """Set the profile's environment variables for the duration of its runs, then restore."""
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def train_profile(suite: Suite, profile: str, out: str | Path, *, seeds: list[int],
+                  modes: list[str] | None = None, sets: list[str] | None = None,
+                  status: Status = stderr_status) -> ProfileRuns:
+    """Train every (seed, mode) of a profile; returns where each metrics.jsonl is."""
+    from trainer.api import train
+    from trainer.config import load_config
+
+    prof = suite.profile(profile)
+    modes = list(modes or prof.modes)
+    for m in modes:
+        if m not in prof.modes:
+            raise ConfigError(f"--mode {m}: profile {profile} of {suite.id} runs {', '.join(prof.modes)}; "
+                              "pick one of those")
+    folder = Path(out) / suite.id / profile
+    folder.mkdir(parents=True, exist_ok=True)
+    runs = ProfileRuns(folder=folder, seeds=seeds, modes=modes)
+    several = len(seeds) > 1
+    with profile_env(prof.env):
+        for seed in seeds:
+            runs.metrics[seed] = {}
+            for mode in modes:
+                tdir = train_dir(folder, mode, seed, several)
+                cfg = load_config(resolved_config(suite, profile, mode, seed, tdir, sets))
+                if seed == seeds[0]:
+                    (folder / f"config.{mode}.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+                status(f"{suite.id} [{profile}] {mode} seed {seed}: training {cfg.trainer.total_steps} steps "
+                       f"-> {tdir}")
+                runs.metrics[seed][mode] = Path(train(cfg))
+    return runs
+
+
+# ---------------------------------------------------------------------------- checks and report
+@dataclass
+class Outcome:
+    """Results of one suite x profile (all seeds) and where its files went."""
+
+    suite: Suite
+    profile: str
+    folder: Path
+    results: list[CheckResult]  # every seed's results, in seed order
+    seed_of: list[int]  # the seed of each result (same length as results)
+    report: Path | None = None
+
+    @property
+    def verdict(self) -> str:
+        return overall_verdict(self.results)
+
+
+def suite_meta(suite: Suite, profile: str) -> dict[str, Any]:
+    return {"suite": suite.id, "title": suite.title, "profile": profile, "file": str(suite.path or ""),
+            "published_on": suite.published_on.model_dump(),
+            "sources": [f"{s.doc}: {s.where}" for s in suite.source]}
+
+
+def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, pd.DataFrame]], *,
+                  arch: str, device_name: str, folder: Path, env: dict[str, Any],
+                  provenance: dict[str, Any], report: Path | None = None,
+                  golden_dir: str | Path | None = None, ran_modes: list[str] | None = None,
+                  status: Status = stderr_status) -> Outcome:
+    """Evaluate the suite's checks on each seed's runs; write checks.json and report.html.
+
+    `ran_modes`: when only some of the profile's modes were run on purpose (`--mode`), checks
+    that read another mode are skipped instead of reported as errors.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    results: list[CheckResult] = []
+    seed_of: list[int] = []
+    sections: list[ReportSection] = []
+    for seed, runs in runs_by_seed.items():
+        res = evaluate(suite, profile, runs, arch=arch, device_name=device_name, golden_dir=golden_dir)
+        results += res
+        seed_of += [seed] * len(res)
+        title = f"{suite.title} [{profile}]" + (f" seed {seed}" if len(runs_by_seed) > 1 else "")
+        sections.append(ReportSection(title=title, runs=runs, results=res, env=env,
+                                      provenance={**provenance, "seed": seed}, suite_meta=suite_meta(suite, profile)))
+    if ran_modes is not None:
+        results = [_unrun_to_skip(r, ran_modes) for r in results]
+    outcome = Outcome(suite, profile, folder, results, seed_of)
+    doc = {"suite": suite.id, "profile": profile, "arch": arch, "device": device_name,
+           "verdict": outcome.verdict, "provenance": provenance,
+           "results": [{**r.to_dict(), "seed": s} for r, s in zip(results, seed_of)]}
+    (folder / "checks.json").write_text(json.dumps(doc, indent=2, default=str))
+    report = Path(report) if report is not None else folder / "report.html"
+    if len(sections) == 1:
+        s = sections[0]
+        render_report(report, title=s.title, runs=s.runs, results=s.results, env=env,
+                      provenance=s.provenance, suite_meta=s.suite_meta)
+    else:
+        render_session_report(report, sections, title=f"{suite.title} [{profile}]")
+    outcome.report = report
+    status(f"{suite.id} [{profile}]: {outcome.verdict.upper()} ({len(results)} results) -> {report}")
+    return outcome
+
+
+def _unrun_to_skip(r: CheckResult, ran_modes: list[str]) -> CheckResult:
+    missing = [m for m in r.run.split("/") if m and m not in ran_modes]
+    if r.verdict != "error" or not missing:
+        return r
+    return dataclasses.replace(r, verdict="skip", message=f"{r.check_id}: SKIP (mode {missing[0]} was not run; "
+                                                          f"this run selected {', '.join(ran_modes)})")
+
+
+def provenance(suite: Suite, profile: str, seeds: list[int], env: dict[str, Any],
+               sets: list[str] | None = None) -> dict[str, Any]:
+    git = env.get("git") or {}
+    return {"suite_file": str(suite.path or suite.id), "profile": profile, "seeds": seeds,
+            "overrides": list(sets or []), "machine": env.get("hostname"), "commit": git.get("commit"),
+            "dirty": git.get("dirty"), "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(sys.argv)}
+
+
+def run_profile(suite: Suite, profile: str, *, out: str | Path, arch: str, seeds: int | None = None,
+                modes: list[str] | None = None, sets: list[str] | None = None,
+                env: dict[str, Any] | None = None, status: Status = stderr_status) -> Outcome:
+    """Train the profile (see module docstring), evaluate its checks, write the run folder."""
+    if env is None:
+        from trainer.platform import collect_env
+
+        env = collect_env()
+    env = {**copy.deepcopy(env), "arch": arch}
+    info = machine_info(arch, env)
+    unmet = profile_unmet_requirements(suite, profile, info)
+    if unmet:
+        raise ConfigError(f"{suite.id} profile {profile} cannot run here: {'; '.join(unmet)}")
+    seed_ids = seed_list(suite, profile, seeds)
+    runs = train_profile(suite, profile, out, seeds=seed_ids, modes=modes, sets=sets, status=status)
+    (runs.folder / "env.json").write_text(json.dumps(env, indent=2, default=str))
+    status(f"{suite.id} [{profile}]: evaluating checks")
+    frames = {s: runs.frames(s) for s in seed_ids}
+    return evaluate_runs(suite, profile, frames, arch=arch, device_name=info["device_name"], folder=runs.folder,
+                         env=env, provenance=provenance(suite, profile, seed_ids, env, sets),
+                          ran_modes=runs.modes, status=status)
