@@ -1,0 +1,109 @@
+"""Ray cluster, placement groups, and turning a dead worker into a clear one-line error.
+
+    init_ray(cfg)                                   # a local cluster, or the one in RAY_ADDRESS
+    pg = placement_group_for(num_workers, use_gpu)  # one bundle per worker, packed on one node
+    handle = actor_cls.options(**bundle_options(pg, i, use_gpu)).remote(...)
+    result = get(ref, what="rollout worker")        # raises WorkerDiedError if the actor died
+
+On a CPU machine the "devices" are CPU workers: one bundle of one CPU each, so CI exercises the
+same actors, groups and messages as a GPU run. `RAY_ADDRESS` (Ray's own variable) joins an
+existing cluster for multi-node runs.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from trainer.config import TrainerConfig
+from trainer.errors import RLBenchError
+
+# Variables every Ray worker must see: thread counts, and NVLink multicast kept off.
+_PASS_ENV = ("OMP_NUM_THREADS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
+             "RLBENCH_CACHE", "PYTHONPATH", "HIP_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM")
+
+
+class WorkerDiedError(RLBenchError):
+    """A Ray worker (rollout or trainer) died; the run stops and keeps the metrics written so far."""
+
+
+def uses_gpu(cfg: TrainerConfig) -> bool:
+    if cfg.trainer.device == "cpu":
+        return False
+    import torch
+
+    return torch.cuda.is_available() if cfg.trainer.device == "auto" else True
+
+
+def init_ray(cfg: TrainerConfig, num_cpus: int | None = None) -> None:
+    """Start a local Ray cluster (or join RAY_ADDRESS) once per process."""
+    import ray
+
+    if ray.is_initialized():
+        return
+    env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
+    env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.num_threads or 1))
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, runtime_env={"env_vars": env},
+                                  ignore_reinit_error=True)
+    if "RAY_ADDRESS" not in os.environ:
+        kwargs["num_cpus"] = num_cpus or max(os.cpu_count() or 2, 2)
+    ray.init(**kwargs)
+
+
+def placement_group_for(num_workers: int, use_gpu: bool, *, name: str = "") -> Any:
+    """A STRICT_PACK placement group of one bundle per worker (1 GPU + 1 CPU, or 1 CPU)."""
+    import ray
+    from ray.util.placement_group import placement_group
+
+    bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
+    pg = placement_group([dict(bundle) for _ in range(num_workers)], strategy="STRICT_PACK", name=name)
+    ready = pg.ready()
+    try:
+        ray.get(ready, timeout=120)
+    except ray.exceptions.GetTimeoutError:
+        have = ray.cluster_resources()
+        raise RLBenchError(f"Ray cannot place {num_workers} workers of {bundle} (cluster has {have}) "
+                           f"(fix: lower async.rollout_gpus/async.train_gpus or trainer.n_gpus_per_node)") from None
+    return pg
+
+
+def bundle_options(pg: Any, index: int, use_gpu: bool, **extra: Any) -> dict[str, Any]:
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return dict(num_cpus=1, num_gpus=1 if use_gpu else 0,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
+                                                                     placement_group_bundle_index=index),
+                **extra)
+
+
+def get(refs: Any, *, what: str, context: str = "") -> Any:
+    """`ray.get(refs)`, with a dead actor turned into `WorkerDiedError` naming `what` and `context`."""
+    import ray
+
+    try:
+        return ray.get(refs)
+    except ray.exceptions.RayTaskError as e:  # the method raised: a user error keeps its own message
+        cause = getattr(e, "cause", None)
+        if isinstance(cause, RLBenchError):
+            raise type(cause)(str(cause)) from None
+        first = str(cause or e).strip().splitlines()[-1] if str(cause or e).strip() else type(e).__name__
+        raise WorkerDiedError(f"{what} failed{(' ' + context) if context else ''}: {first[:300]} "
+                              f"(fix: see the worker traceback above)") from e
+    except (ray.exceptions.RayActorError, ray.exceptions.ActorDiedError, ray.exceptions.WorkerCrashedError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise WorkerDiedError(f"{what} died{(' ' + context) if context else ''}: {first[:200]} "
+                              f"(fix: check the worker's log above for the cause, e.g. out of memory)") from None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_ip() -> str:
+    import ray
+
+    return ray.util.get_node_ip_address()

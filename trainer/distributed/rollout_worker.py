@@ -1,0 +1,285 @@
+"""`RolloutWorker`: the fully-async rollouter, a Ray actor streaming scored sample groups into a queue.
+
+A background thread loops: take `groups_per_call` prompts, sample `rollout.n` responses each
+(one `generate` call), score every group whose responses all finished, and append it to a bounded
+FIFO queue tagged with the policy version it started under. The trainer side takes groups with
+`get_groups(k)`. Semantics follow verl's fully_async_policy:
+
+- Staleness bound. Per weight version (the window between two syncs) the rollouter starts at
+  most `max_required = required * (1 + staleness_threshold) * trigger_parameter_sync_step`
+  groups, where `required = require_batches * ppo_mini_batch_size` groups feed one trainer step.
+  At a sync the window's count restarts at the groups carried over (queued + in flight), as
+  verl's `staleness_samples` does. The trainer takes `required * trigger` groups per window, so
+  at most `staleness_threshold * required * trigger` groups from older versions are ever waiting
+  at a sync: the "stale groups per window" that the test bounds. (Counts here are in prompt
+  groups; verl counts samples the same way, `n` trajectories each.)
+- Partial rollout. With `partial_rollout`, `begin_sync` interrupts the running `generate` at its
+  next decode step (`HFRolloutEngine.generate(should_stop=...)`); after the new weights land the
+  unfinished responses continue under them (`continue_generation`). Tokens sampled before the
+  sync keep the log-probs of the version that sampled them, so `rollout_logprobs` is always the
+  behaviour policy of each token. Without it, a sync waits for the running call to finish.
+- Each response records the version it started and ended under; `max_partial_span` and
+  `partial_ratio` come from those (verl's `fully_async/partial/*`).
+
+Departures: one rollout worker (one engine) per run; `groups_per_call` prompts per generate call
+(verl streams single prompts to a server).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from trainer.batch import Batch, batch_from_rollout, concat_batches
+from trainer.config import TrainerConfig
+from trainer.rollout.base import Rollout
+
+
+@dataclass
+class _Group:
+    item: dict[str, Any]  # the prompt row (prompt_ids, data_source, ground_truth, extra_info)
+    start_version: int
+    ids: list[list[int]] = field(default_factory=list)  # [n] response tokens so far
+    logps: list[list[float]] = field(default_factory=list)  # [n] log-prob of each token, at sampling time
+    finish: list[str] = field(default_factory=list)  # [n] "stop" | "length" | "abort"
+    end_version: list[int] = field(default_factory=list)  # [n] version when the response finished
+    interrupted: bool = False
+
+    def done(self) -> bool:
+        return all(f != "abort" for f in self.finish)
+
+
+class RolloutWorker:
+    def __init__(self, cfg_dict: dict[str, Any], *, max_required_groups: int, groups_per_call: int):
+        from trainer.data.dataset import PromptDataset
+        from trainer.models import eos_token_ids, load_model_and_tokenizer
+        from trainer.rollout.registry import build_engine
+        from trainer.steps import load_split
+
+        self.cfg = cfg = TrainerConfig.model_validate(cfg_dict)
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        self.device = torch.device("cuda", 0) if (cfg.trainer.device != "cpu" and torch.cuda.is_available()) \
+            else torch.device("cpu")
+        train_rows, val_rows = load_split(cfg.data)
+        model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
+        self.eos_ids = eos_token_ids(self.tokenizer, model)
+        self.engine = build_engine(cfg, model, self.tokenizer, self.eos_ids, self.device)
+        del model
+        self.train_data = PromptDataset(train_rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                                        batch_size=groups_per_call, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+                                        filter_overlong_prompts=cfg.data.filter_overlong_prompts,
+                                        source=cfg.data.train_files)
+        self.val_data = None
+        if val_rows:
+            rows = val_rows[: cfg.data.num_val_samples] if cfg.data.num_val_samples is not None else val_rows
+            self.val_data = PromptDataset(rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+                                          batch_size=cfg.data.val_batch_size or len(rows), seed=0, shuffle=False,
+                                          filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files)
+        self.max_required = max_required_groups
+        self.groups_per_call = min(groups_per_call, max_required_groups)
+        self.partial_rollout = cfg.async_.partial_rollout
+
+        self.version = 0
+        self.cond = threading.Condition()
+        self.queue: deque[tuple[_Group, Batch]] = deque()
+        self.pending: list[_Group] = []  # interrupted groups waiting for new weights
+        self.window_started = 0  # groups started (or carried over) under the current version
+        self.max_window_started = 0
+        self.running = False
+        self.pause_requested = False
+        self.interrupt = False
+        self.parked = True
+        self.error: BaseException | None = None
+        self.idle_s = 0.0
+        self.window_t0 = time.perf_counter()
+        self.num_generated_groups = 0
+        self.num_generated_tokens = 0
+        self.thread: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ control (called by the driver)
+    def pad_token_id(self) -> int:
+        return int(self.tokenizer.pad_token_id)
+
+    def weight_plan(self) -> list:
+        from trainer.distributed.weight_sync import engine_weight_plan
+
+        return engine_weight_plan(self.engine.model)
+
+    def init_sync_group(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
+        from trainer.distributed.weight_sync import SyncGroup
+
+        self.sync_group = SyncGroup(rank, world_size, master_addr, master_port, device=self.device)
+
+    def start(self) -> None:
+        with self.cond:
+            self.running = True
+            self.window_t0 = time.perf_counter()
+        self.thread = threading.Thread(target=self._loop, name="rollouter", daemon=True)
+        self.thread.start()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.running = False
+            self.interrupt = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join(timeout=600)
+
+    def begin_sync(self) -> None:
+        """Park the generation loop: interrupt the running call (partial rollout) or let it finish."""
+        with self.cond:
+            self.pause_requested = True
+            self.interrupt = self.partial_rollout
+            self.cond.notify_all()
+            while not self.parked and self.error is None:
+                self.cond.wait(timeout=1.0)
+            self._raise_error()
+
+    def receive_weights(self, plan: list, bucket_mb: float) -> float:
+        from trainer.distributed.weight_sync import receive
+
+        t0 = time.perf_counter()
+        self.engine.update_weights(receive(self.sync_group, plan, bucket_mb=bucket_mb))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    def end_sync(self, version: int) -> dict[str, float]:
+        """Adopt `version`, restart the staleness window at the carried-over groups, resume."""
+        with self.cond:
+            now = time.perf_counter()
+            window = max(now - self.window_t0, 1e-9)
+            stats = {"fully_async/rollouter/idle_ratio": min(self.idle_s / window, 1.0),
+                     "fully_async/rollouter/window_started_groups": float(self.max_window_started),
+                     "fully_async/rollouter/max_required_groups": float(self.max_required)}
+            self.version = version
+            self.engine.version = version
+            carried = len(self.queue) + len(self.pending)
+            self.window_started = carried
+            self.max_window_started = carried
+            stats["fully_async/count/staleness_samples"] = float(carried)
+            self.idle_s, self.window_t0 = 0.0, now
+            self.pause_requested = False
+            self.interrupt = False
+            self.cond.notify_all()
+        return stats
+
+    def get_groups(self, k: int) -> tuple[list[tuple[dict, Batch]], dict[str, float]]:
+        """Block until `k` groups are queued; return them (FIFO) with their version facts."""
+        with self.cond:
+            while len(self.queue) < k and self.error is None:
+                self.cond.wait(timeout=1.0)
+            self._raise_error()
+            out = []
+            for _ in range(k):
+                g, batch = self.queue.popleft()
+                out.append(({"start_version": g.start_version, "end_version": list(g.end_version),
+                             "interrupted": g.interrupted}, batch))
+            self.cond.notify_all()
+            return out, {"fully_async/monitor/queue/mq_queue_size": float(len(self.queue)),
+                         "fully_async/count/total_generated_samples": float(self.num_generated_groups),
+                         "fully_async/rollouter/num_generated_tokens": float(self.num_generated_tokens)}
+
+    def validate(self) -> dict[str, float]:
+        """Validation with the current weights (call between begin_sync and end_sync)."""
+        from trainer.steps import Components, validate
+
+        c = Components(self.cfg, self.tokenizer, None, self.engine, None, None, None, self.val_data, self.device,
+                       self.eos_ids)
+        return validate(c)
+
+    # ------------------------------------------------------------------ the generation loop
+    def _raise_error(self) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"rollout loop failed: {self.error!r}") from self.error
+
+    def _should_park(self) -> bool:
+        if self.pause_requested:
+            return True
+        if self.pending:
+            return False  # interrupted groups were already counted in this window
+        full = len(self.queue) >= self.max_required
+        return full or self.window_started + self.groups_per_call > self.max_required
+
+    def _loop(self) -> None:
+        from trainer.steps import sampling_params
+
+        params = sampling_params(self.cfg, self.eos_ids)
+        try:
+            while True:
+                with self.cond:
+                    t_idle = time.perf_counter()
+                    while self.running and self._should_park():
+                        self.parked = True
+                        self.cond.notify_all()
+                        self.cond.wait(timeout=1.0)
+                    self.idle_s += time.perf_counter() - t_idle
+                    self.parked = False
+                    if not self.running:
+                        return
+                    if self.pending:
+                        groups, self.pending = self.pending, []
+                    else:
+                        groups = [_Group(item, self.version) for item in self.train_data.next_batch()]
+                        self.window_started += len(groups)
+                        self.max_window_started = max(self.max_window_started, self.window_started)
+                self._generate(groups, params)
+        except BaseException as e:  # surfaced to the driver by get_groups / begin_sync
+            with self.cond:
+                self.error = e
+                self.parked = True
+                self.cond.notify_all()
+
+    def _generate(self, groups: list[_Group], params: Any) -> None:
+        stop = lambda: self.interrupt  # noqa: E731  (read by the decode loop before every step)
+        n = self.cfg.rollout.n
+        if groups[0].ids:  # continuing interrupted groups: only their unfinished responses
+            where = [(gi, j) for gi, g in enumerate(groups) for j in range(n) if g.finish[j] == "abort"]
+            out = self.engine.continue_generation(
+                [groups[gi].item["prompt_ids"] for gi, _ in where], [groups[gi].ids[j] for gi, j in where],
+                [groups[gi].logps[j] for gi, j in where], params, should_stop=stop)
+        else:
+            for g in groups:
+                g.ids, g.logps = [[] for _ in range(n)], [[] for _ in range(n)]
+                g.finish, g.end_version = ["abort"] * n, [g.start_version] * n
+            where = [(gi, j) for gi in range(len(groups)) for j in range(n)]
+            out = self.engine.generate([g.item["prompt_ids"] for g in groups], params, should_stop=stop)
+        for row, (gi, j) in enumerate(where):
+            g = groups[gi]
+            self.num_generated_tokens += len(out.response_ids[row]) - len(g.ids[j])
+            g.ids[j], g.logps[j], g.finish[j] = out.response_ids[row], out.response_logprobs[row], out.finish_reasons[row]
+            g.end_version[j] = self.version
+            if out.finish_reasons[row] == "abort":
+                g.interrupted = True
+        done = [g for g in groups if g.done()]
+        scored = [(g, self._score(g)) for g in done]
+        with self.cond:
+            self.pending.extend(g for g in groups if not g.done())
+            self.queue.extend(scored)
+            self.num_generated_groups += len(done)
+            self.cond.notify_all()
+
+    def _score(self, g: _Group) -> Batch:
+        from trainer.steps import score
+
+        n = len(g.ids)
+        rollout = Rollout(prompt_ids=[g.item["prompt_ids"]] * n, response_ids=g.ids, response_logprobs=g.logps,
+                          finish_reasons=g.finish, group_index=[0] * n, policy_version=[g.start_version] * n)
+        batch = batch_from_rollout(rollout, pad_token_id=self.tokenizer.pad_token_id,
+                                   max_response_length=self.cfg.data.max_response_length)
+        batch.meta = {k: [g.item[k]] * n for k in ("data_source", "ground_truth", "extra_info")}
+        batch.meta["finish_reason"] = list(g.finish)
+        batch.scores, acc = score(batch, self.tokenizer, self.cfg)
+        batch.meta["acc"] = acc.tolist()
+        return batch
+
+
+def merge_groups(groups: list[tuple[dict, Batch]], pad_token_id: int) -> Batch:
+    """One training batch from queued groups (group_index made distinct per group)."""
+    return concat_batches([b for _, b in groups], pad_token_id=pad_token_id)

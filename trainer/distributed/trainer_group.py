@@ -1,0 +1,92 @@
+"""Driver-side handle on N `TrainerWorker` actors: place them, shard batches, gather metrics.
+
+    group = TrainerGroup(cfg, num_workers=2, use_gpu=True, with_engine=True)   # colocated: engines too
+    out = group.train(batch)          # advantages must be set; returns metrics + old log-probs
+
+Also holds what both Ray loops share on the driver: advantages for a scored batch, and the
+per-step data/perf metrics.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
+from trainer.batch import Batch
+from trainer.config import TrainerConfig
+from trainer.distributed.cluster import bundle_options, get, placement_group_for
+from trainer.distributed.sharding import check_divisible, shard_batch, unshard_rows
+
+
+def add_advantages(batch: Batch, cfg: TrainerConfig) -> Batch:
+    """Token rewards and GRPO/RLOO advantages for a scored batch (group-level, so on the driver)."""
+    batch.token_rewards = scores_to_token_rewards(batch.scores, batch.response_mask)
+    batch.advantages, batch.returns = compute_advantages(
+        cfg.algorithm.adv_estimator, batch.response_mask, scores=batch.scores, group_index=batch.group_index,
+        token_rewards=batch.token_rewards, values=None, norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
+    return batch
+
+
+class TrainerGroup:
+    def __init__(self, cfg: TrainerConfig, *, num_workers: int, use_gpu: bool, with_engine: bool,
+                 name: str = "trainer"):
+        import ray
+
+        from trainer.distributed.trainer_worker import TrainerWorker
+
+        self.cfg, self.world = cfg, num_workers
+        self.pg = placement_group_for(num_workers, use_gpu, name=f"{name}-pg")
+        cls = ray.remote(TrainerWorker)
+        self.workers = [cls.options(**bundle_options(self.pg, r, use_gpu), name=f"{name}-{r}").remote(
+            cfg.to_dict(), r, num_workers, with_engine=with_engine) for r in range(num_workers)]
+        addr, port = get(self.workers[0].address.remote(), what="trainer worker 0", context="at start")
+        self.facts = get([w.setup.remote(addr, port) for w in self.workers], what="a trainer worker",
+                         context="while loading the model")
+
+    def check_batch(self, num_prompts: int) -> None:
+        check_divisible(num_prompts, self.cfg.rollout.n, self.cfg.actor.ppo_mini_batch_size, self.world)
+
+    def train(self, batch: Batch, *, context: str = "") -> dict[str, Any]:
+        """Shard `batch`, run the update on every worker; rank 0's metrics, global old log-probs."""
+        n = self.cfg.rollout.n
+        mini_rows = self.cfg.actor.ppo_mini_batch_size * n
+        pieces = shard_batch(batch, world_size=self.world, mini_batch_rows=mini_rows)
+        need_old = self.cfg.actor.tis_cap is not None
+        outs = get([w.train.remote(p, n, need_old) for w, p in zip(self.workers, pieces)],
+                   what="a trainer worker", context=context)
+        old = unshard_rows([o["old_logprobs"] for o in outs], world_size=self.world, mini_batch_rows=mini_rows)
+        batch.old_logprobs = old
+        metrics = dict(outs[0]["metrics"])
+        metrics["timing_s/old_log_prob"] = max(o["timing_s/old_log_prob"] for o in outs)
+        metrics["timing_s/update_actor"] = max(o["timing_s/update_actor"] for o in outs)
+        return metrics
+
+    def call_all(self, method: str, *args: Any, context: str = "") -> list[Any]:
+        return get([getattr(w, method).remote(*args) for w in self.workers], what="a trainer worker", context=context)
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+        except Exception:  # noqa: BLE001 -- best effort on the way out; the actors are killed next
+            pass
+        for w in self.workers:
+            ray.kill(w)
+        ray.util.remove_placement_group(self.pg)
+
+
+def step_metrics(batch: Batch, cfg: TrainerConfig, *, step: int, step_s: float, num_devices: int) -> dict[str, float]:
+    """Data statistics, accuracy and throughput of one step (verl names)."""
+    from trainer.metrics import data_metrics
+
+    out = dict(data_metrics(batch, max_response_length=cfg.data.max_response_length))
+    if "acc" in batch.meta:
+        out["critic/acc/mean"] = float(torch.tensor(batch.meta["acc"]).mean())
+    num_tokens = float(batch.attention_mask.sum())
+    out.update({"training/global_step": step, "perf/total_num_tokens": num_tokens, "perf/time_per_step": step_s,
+                "perf/throughput": num_tokens / (step_s * num_devices)})
+    return out

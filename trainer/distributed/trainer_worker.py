@@ -1,0 +1,163 @@
+"""`TrainerWorker`: one data-parallel rank of the policy, as a Ray actor (one GPU or one CPU each).
+
+N workers form the trainer's default process group (gloo on CPU, NCCL/RCCL on GPU) and shard the
+policy with FSDP2 when N > 1 (`trainer/backends/fsdp.py`). The driver sends each worker its piece
+of the global batch (`trainer/distributed/sharding.py`); every worker runs the same `Actor.update`
+as the single-process loop, with counts all-reduced, so the update does not depend on N.
+
+In the colocated mode each worker also holds a rollout engine (a full, unsharded copy of the
+weights in the rollout dtype): it samples its share of the prompts, and after the update gets the
+new weights in-process (`update_local_engine`, an FSDP all-gather on every rank). On GPU the engine
+is put to sleep while the update runs (`engine.sleep()` / `wake_up()`).
+
+In the fully-async mode rank 0 also joins a weight-sync group with the rollout workers and
+broadcasts the weights in buckets (`send_weights`; `trainer/distributed/weight_sync.py`).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from typing import Any
+
+import torch
+
+from trainer.backends.actor import Actor
+from trainer.batch import Batch
+from trainer.config import TrainerConfig
+from trainer.distributed.sharding import worker_actor_config
+from trainer.errors import ConfigError
+
+
+def check_supported(cfg: TrainerConfig) -> None:
+    """Features the multi-worker path does not run yet fail up front, naming the field."""
+    if cfg.critic.enable:
+        raise ConfigError("critic.enable: the Ray/fully-async path trains no value model yet (fix: use the "
+                          "single-process colocated mode for PPO with a critic)")
+    if cfg.actor.use_kl_loss:
+        raise ConfigError("actor.use_kl_loss: the Ray/fully-async path keeps no reference model yet (fix: set "
+                          "actor.use_kl_loss=false or use the single-process colocated mode)")
+    if cfg.rollout.engine != "hf":
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the Ray path runs the hf engine only "
+                          f"(fix: set rollout.engine=hf)")
+
+
+class TrainerWorker:
+    def __init__(self, cfg_dict: dict[str, Any], rank: int, world_size: int, *, with_engine: bool):
+        self.cfg = cfg = TrainerConfig.model_validate(cfg_dict)
+        self.rank, self.world_size = rank, world_size
+        if cfg.trainer.num_threads:
+            torch.set_num_threads(cfg.trainer.num_threads)
+        self.device = torch.device("cuda", 0) if (cfg.trainer.device != "cpu" and torch.cuda.is_available()) \
+            else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        self.with_engine = with_engine
+        self.sync_group = None
+
+    def address(self) -> tuple[str, int]:
+        """(node ip, free port) for the data-parallel group's rendezvous (called on rank 0)."""
+        from trainer.distributed.cluster import free_port, node_ip
+
+        return node_ip(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
+        """Join the data-parallel group, load and shard the model, build the engine. Returns facts."""
+        from trainer.backends.fsdp import default_backend, init_data_parallel, shard_model
+        from trainer.models import eos_token_ids, load_model_and_tokenizer
+        from trainer.rollout.registry import build_engine
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        if self.world_size > 1:
+            init_data_parallel(self.rank, self.world_size, master_addr, master_port,
+                               backend=default_backend(self.device))
+        torch.manual_seed(cfg.trainer.seed)
+        model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
+        self.eos_ids = eos_token_ids(self.tokenizer, model)
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.engine = None
+        if self.with_engine:
+            self.engine = build_engine(cfg, copy.deepcopy(model), self.tokenizer, self.eos_ids, self.device)
+            self.engine.generator.manual_seed(cfg.trainer.seed + 1000 * self.rank)  # ranks sample differently
+        if self.world_size > 1:
+            model = shard_model(model, self.device)
+        else:
+            model.to(self.device)
+        self.actor = Actor(model, worker_actor_config(cfg.actor, self.world_size), temperature=cfg.rollout.temperature,
+                           max_response_length=cfg.data.max_response_length, device=self.device)
+        return {"rank": self.rank, "device": str(self.device), "load_s": time.perf_counter() - t0,
+                "pid": os.getpid()}
+
+    # ------------------------------------------------------------------ colocated rollout
+    def generate(self, items: list[dict[str, Any]], validation: bool = False) -> Batch:
+        """Sample (and score) this worker's share of the prompts with its colocated engine."""
+        from trainer.steps import generate, sampling_params, score
+
+        params = sampling_params(self.cfg, self.eos_ids, validation=validation)
+        batch = generate(self.engine, items, params, pad_token_id=self.tokenizer.pad_token_id,
+                         max_response_length=self.cfg.data.max_response_length)
+        batch.scores, acc = score(batch, self.tokenizer, self.cfg)
+        batch.meta["acc"] = acc.tolist()
+        return batch
+
+    def update_local_engine(self) -> float:
+        """In-process weight sync to the colocated engine (collective over the trainer ranks)."""
+        t0 = time.perf_counter()
+        self.engine.update_weights(self.actor.named_weights())
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ training
+    def train(self, piece: Batch, n: int, need_old: bool) -> dict[str, Any]:
+        """Old log-probs (when needed) and the PPO update on this worker's piece of the batch.
+
+        Returns the metrics, the old log-probs the update used ([rows, R]) and the timings."""
+        out: dict[str, Any] = {}
+        if self.engine is not None:
+            self.engine.sleep()
+        t0 = time.perf_counter()
+        reuse = False
+        if self.cfg.rollout.log_prob_source == "rollout":
+            piece.old_logprobs = piece.rollout_logprobs.clone()
+        elif need_old or not self.actor.is_on_policy(piece, n):
+            piece.old_logprobs = self.actor.compute_logprobs(piece)
+        else:
+            reuse = True
+        t1 = time.perf_counter()
+        metrics = self.actor.update(piece, n, reuse_forward_as_old=reuse)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        if self.engine is not None:
+            self.engine.wake_up()
+        out["metrics"] = metrics
+        out["old_logprobs"] = piece.old_logprobs
+        out["timing_s/old_log_prob"] = t1 - t0
+        out["timing_s/update_actor"] = t2 - t1
+        return out
+
+    # ------------------------------------------------------------------ weight sync to rollout workers
+    def init_sync_group(self, master_addr: str, master_port: int, world_size: int) -> None:
+        from trainer.distributed.weight_sync import SyncGroup
+
+        if self.rank == 0:
+            self.sync_group = SyncGroup(0, world_size, master_addr, master_port, device=self.device)
+
+    def send_weights(self, plan: list, bucket_mb: float) -> dict[str, float]:
+        from trainer.distributed.weight_sync import send
+
+        t0 = time.perf_counter()
+        sent = send(self.sync_group, plan, self.actor.named_weights(), bucket_mb=bucket_mb)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        return {"bytes": float(sent), "seconds": time.perf_counter() - t0}
+
+    def shutdown(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

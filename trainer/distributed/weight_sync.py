@@ -1,0 +1,116 @@
+"""Weight sync from the trainer to rollout workers on other devices: a bucketed broadcast.
+
+Colocated runs copy weights in-process (`engine.update_weights(actor.named_weights())`). When the
+rollout runs on its own devices (fully-async mode), trainer rank 0 and the rollout workers form a
+separate process group of their own (a `TCPStore` + `ProcessGroupGloo` on CPU or
+`ProcessGroupNCCL` on GPU, independent of the trainer's data-parallel default group):
+
+    plan = engine_weight_plan(engine)                 # [(name, shape, dtype)], the receiver's order/dtypes
+    trainer:  send(group, plan, actor.named_weights())   every trainer rank iterates (FSDP all-gathers
+                                                         are collective); rank 0 broadcasts
+    rollout:  engine.update_weights(receive(group, plan))
+
+Parameters are packed into flat buckets of at most `bucket_mb` MiB of one dtype, one broadcast per
+bucket, so the number of collectives is small and no bucket is larger than the budget. The
+receiver unpacks each bucket as it arrives (`receive` is a generator, consumed by
+`update_weights`), so it never holds more than one bucket beside its own weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Iterable, Iterator
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class WeightSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+def engine_weight_plan(model: torch.nn.Module) -> list[WeightSpec]:
+    """The receiver's parameters in `named_parameters()` order (tied weights appear once)."""
+    return [WeightSpec(name, tuple(p.shape), p.dtype) for name, p in model.named_parameters()]
+
+
+def buckets(plan: list[WeightSpec], bucket_mb: float) -> list[list[WeightSpec]]:
+    """Consecutive specs grouped into buckets of one dtype and at most `bucket_mb` MiB (a larger
+    tensor gets a bucket of its own)."""
+    limit = int(bucket_mb * 2**20)
+    out: list[list[WeightSpec]] = []
+    size = 0
+    for spec in plan:
+        nbytes = spec.numel * spec.dtype.itemsize
+        if not out or out[-1][0].dtype != spec.dtype or size + nbytes > limit:
+            out.append([])
+            size = 0
+        out[-1].append(spec)
+        size += nbytes
+    return out
+
+
+class SyncGroup:
+    """A process group of trainer rank 0 (rank 0 here) and the rollout workers (ranks 1..)."""
+
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, *, device: torch.device,
+                 timeout_s: float = 600.0):
+        self.rank, self.world_size, self.device = rank, world_size, device
+        timeout = timedelta(seconds=timeout_s)
+        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
+        prefix = dist.PrefixStore("weight_sync", store)
+        if device.type == "cuda":
+            self.pg = dist.ProcessGroupNCCL(prefix, rank, world_size)
+        else:
+            self.pg = dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
+        self._store = store  # the master's store must outlive the group
+
+    def broadcast(self, tensor: torch.Tensor) -> None:
+        self.pg.broadcast(tensor, 0).wait()
+
+
+def send(group: SyncGroup | None, plan: list[WeightSpec], weights: Iterable[tuple[str, torch.Tensor]], *,
+         bucket_mb: float = 256.0) -> int:
+    """Broadcast `weights` (consumed in plan order; every trainer rank must iterate them) from rank 0.
+
+    `group` is None on trainer ranks other than 0: they only take part in the FSDP all-gathers.
+    Returns the bytes sent.
+    """
+    it = iter(weights)
+    sent = 0
+    for bucket in buckets(plan, bucket_mb):
+        parts = []
+        for spec in bucket:
+            name, tensor = next(it)
+            if name != spec.name or tuple(tensor.shape) != spec.shape:
+                raise RuntimeError(f"weight sync: trainer sends {name} {tuple(tensor.shape)} where the rollout "
+                                   f"expects {spec.name} {spec.shape}")
+            parts.append(tensor.reshape(-1).to(spec.dtype))
+        if group is not None:
+            flat = torch.cat(parts).to(group.device)  # [sum numel]
+            group.broadcast(flat)
+            sent += flat.numel() * flat.element_size()
+    return sent
+
+
+def receive(group: SyncGroup, plan: list[WeightSpec], *, bucket_mb: float = 256.0
+            ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield `(name, tensor)` for every planned weight, one broadcast bucket at a time."""
+    for bucket in buckets(plan, bucket_mb):
+        flat = torch.empty(sum(s.numel for s in bucket), dtype=bucket[0].dtype, device=group.device)
+        group.broadcast(flat)
+        offset = 0
+        for spec in bucket:
+            yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)
+            offset += spec.numel
