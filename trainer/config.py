@@ -144,6 +144,8 @@ class TrainerSection(_Section):
     resume: bool = Field(True, description="resume from the latest checkpoint in out_dir when one exists")
     mode: Literal["colocated", "fully_async"] = "colocated"
     n_gpus_per_node: int = Field(1, ge=1)
+    use_ray: bool = Field(False, description=(
+        "run the colocated loop through Ray worker actors (implied when n_gpus_per_node * nnodes > 1)"))
     nnodes: int = Field(1, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(None, description="torch CPU threads (None: torch's default)")
