@@ -209,7 +209,9 @@ class Outcome:
     folder: Path
     results: list[CheckResult]  # every seed's results, in seed order
     seed_of: list[int]  # the seed of each result (same length as results)
+    by_ref: dict[int, list[list[CheckResult]]] = field(default_factory=dict)  # seed -> per reference
     report: Path | None = None
+    sections: list[ReportSection] = field(default_factory=list)  # report sections, one per seed
 
     @property
     def verdict(self) -> str:
@@ -236,16 +238,20 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     results: list[CheckResult] = []
     seed_of: list[int] = []
     sections: list[ReportSection] = []
+    by_ref: dict[int, list[list[CheckResult]]] = {}
     for seed, runs in runs_by_seed.items():
-        res = evaluate(suite, profile, runs, arch=arch, device_name=device_name, golden_dir=golden_dir)
+        # One reference at a time, so each result is known to come from its reference (pytest items).
+        by_ref[seed] = [evaluate(suite.model_copy(update={"references": [ref]}), profile, runs, arch=arch,
+                                 device_name=device_name, golden_dir=golden_dir) for ref in suite.references]
+        if ran_modes is not None:
+            by_ref[seed] = [[_unrun_to_skip(r, ran_modes) for r in rs] for rs in by_ref[seed]]
+        res = [r for rs in by_ref[seed] for r in rs]
         results += res
         seed_of += [seed] * len(res)
         title = f"{suite.title} [{profile}]" + (f" seed {seed}" if len(runs_by_seed) > 1 else "")
         sections.append(ReportSection(title=title, runs=runs, results=res, env=env,
                                       provenance={**provenance, "seed": seed}, suite_meta=suite_meta(suite, profile)))
-    if ran_modes is not None:
-        results = [_unrun_to_skip(r, ran_modes) for r in results]
-    outcome = Outcome(suite, profile, folder, results, seed_of)
+    outcome = Outcome(suite, profile, folder, results, seed_of, by_ref)
     doc = {"suite": suite.id, "profile": profile, "arch": arch, "device": device_name,
            "verdict": outcome.verdict, "provenance": provenance,
            "results": [{**r.to_dict(), "seed": s} for r, s in zip(results, seed_of)]}
@@ -258,6 +264,7 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     else:
         render_session_report(report, sections, title=f"{suite.title} [{profile}]")
     outcome.report = report
+    outcome.sections = sections
     status(f"{suite.id} [{profile}]: {outcome.verdict.upper()} ({len(results)} results) -> {report}")
     return outcome
 

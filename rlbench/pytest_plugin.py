@@ -1,0 +1,302 @@
+"""pytest plugin: every suite x profile x check of `suites/*.yaml` becomes a test item.
+
+    pytest suites/ --arch cpu                                   # every profile this machine can run
+    pytest suites/ --arch cpu --profile cpu -k dapo --rlbench-set trainer.total_steps=2
+    pytest suites/ --arch gfx950 --profile full --rlbench-report parity.html
+    pytest suites/ --arch gfx942 --profile full --rlbench-logs logs/  # check logs, train nothing
+
+Loaded by `suites/conftest.py` (which imports these hooks), so a plain `pytest` of `tests/` never
+sees it. Items are named `<suite_id>[<profile>]::<check id>`, e.g.
+`verl_grpo_qwen3_8b_sglang_gfx950[cpu]::critic/score/mean:delta[5]>=0.05`, so `-k` selects by
+suite, profile or metric. Only the references that list a profile become its items.
+
+- One training run per suite x profile (every mode it runs, the profile's first seed), started
+  lazily by the first item that needs it and shared by the profile's other items; its run
+  folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/runner.py).
+- `--profile` (full | mini | cpu, comma-separated; default: all three): a profile that this
+  machine cannot run (GPU count, arch, packages, model/data paths) has every item skipped with
+  the reason from `profile_unmet_requirements`. So the default runs exactly what can run here.
+- `--arch` (default: detected) that contradicts the detected hardware stops the session at
+  start (`pytest.UsageError`); `--arch cpu` is accepted anywhere and means "CPU only".
+- `--rlbench-logs DIR` checks logs of runs made elsewhere instead of training: per suite and
+  profile, `<DIR>/<suite_id>/<profile>/<mode>.jsonl` or `<mode>/metrics.jsonl` (so a previous
+  `--rlbench-out` folder works), any format `rlbench.ingest` reads. `--arch` then names the arch
+  the logs came from and is not compared to this machine; `--rlbench-device` names the board.
+- Verdicts: pass -> pass; fail and error -> a failure whose text is the check's one-line
+  message; skip (e.g. a device-scoped reference on another board, golden values not recorded
+  for this arch) -> a pytest skip with the reason.
+- `--rlbench-report PATH`: one HTML report for the session (a section per suite x profile that
+  ran), written at session end; default `<--rlbench-out>/session-report.html`.
+"""
+
+from __future__ import annotations
+
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rlbench.golden import stat_key
+from rlbench.report import ReportSection, render_session_report
+from rlbench.results import CheckResult
+from rlbench.suite import PROFILE_NAMES, Reference, Suite, load_suite, profile_unmet_requirements
+from trainer.errors import RLBenchError
+
+__all__ = [
+    "pytest_addoption", "pytest_configure", "pytest_collect_file", "pytest_runtest_setup",
+    "pytest_sessionfinish", "pytest_terminal_summary",
+]
+
+_STATE = pytest.StashKey["RLBenchState"]()
+_VERDICT_WORD = {"fail": "FAIL", "error": "ERROR"}
+
+
+# ---------------------------------------------------------------------------- options and state
+def pytest_addoption(parser: pytest.Parser) -> None:
+    g = parser.getgroup("rlbench", "rlbench case-study suites")
+    g.addoption("--arch", default=None, help="arch to run and check as (default: detected; cpu = CPU only)")
+    g.addoption("--profile", default=",".join(PROFILE_NAMES),
+                help="profiles to collect: full, mini, cpu, comma-separated (default: all; those this "
+                     "machine cannot run are skipped with the reason)")
+    g.addoption("--rlbench-out", default="runs/suites", help="run folders go here (default: runs/suites)")
+    g.addoption("--rlbench-report", default=None, help="session HTML report (default: <out>/session-report.html)")
+    g.addoption("--rlbench-logs", default=None,
+                help="check logs from DIR/<suite>/<profile>/<mode>.jsonl instead of training")
+    g.addoption("--rlbench-device", default=None, help="with --rlbench-logs: the board the logs came from")
+    g.addoption("--rlbench-set", action="append", default=[], metavar="KEY=VALUE",
+                help="trainer override for every run, e.g. trainer.total_steps=2 (repeatable)")
+
+
+@dataclass
+class _ProfileRun:
+    """The cached outcome of one suite x profile: results by reference, or why there are none."""
+
+    by_ref: list[list[CheckResult]] | None = None
+    error: str | None = None  # one line: why the run or the log loading failed
+    section: ReportSection | None = None
+
+
+@dataclass
+class RLBenchState:
+    arch: str
+    device_name: str
+    profiles: list[str]
+    out: Path
+    logs: Path | None
+    sets: list[str]
+    report: Path
+    env: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)  # env_info for profile_unmet_requirements
+    runs: dict[tuple[str, str], _ProfileRun] = field(default_factory=dict)
+    report_written: bool = False
+
+    def unmet(self, suite: Suite, profile: str) -> list[str]:
+        if self.logs is not None:
+            return [] if _log_paths(self.logs, suite, profile) else [
+                f"no logs for {suite.id} [{profile}] under {self.logs / suite.id / profile} "
+                f"(expected <mode>.jsonl or <mode>/metrics.jsonl for {', '.join(suite.profile(profile).modes)})"]
+        return profile_unmet_requirements(suite, profile, self.machine)
+
+    def results(self, suite: Suite, profile: str) -> _ProfileRun:
+        key = (suite.id, profile)
+        if key not in self.runs:
+            self.runs[key] = self._run(suite, profile)
+        return self.runs[key]
+
+    def _run(self, suite: Suite, profile: str) -> _ProfileRun:
+        from rlbench.ingest import load_metrics
+        from rlbench.runner import evaluate_runs, provenance, seed_list, train_profile
+
+        seeds = seed_list(suite, profile, 1)
+        try:
+            if self.logs is not None:
+                paths = _log_paths(self.logs, suite, profile)
+                runs = {m: load_metrics(p).frame for m, p in paths.items()}
+                folder = self.out / suite.id / profile
+                prov = {"suite_file": str(suite.path), "profile": profile,
+                        "logs": {m: str(p) for m, p in paths.items()}}
+            else:
+                trained = train_profile(suite, profile, self.out, seeds=seeds, sets=self.sets)
+                runs, folder = trained.frames(seeds[0]), trained.folder
+                prov = provenance(suite, profile, seeds, self.env, self.sets)
+            outcome = evaluate_runs(suite, profile, {seeds[0]: runs}, arch=self.arch, device_name=self.device_name,
+                                    folder=folder, env=self.env, provenance=prov, ran_modes=list(runs))
+        except RLBenchError as e:
+            return _ProfileRun(error=f"{suite.id} [{profile}]: {e}")
+        except Exception as e:  # noqa: BLE001 - a crash in training is reported on every item of the profile
+            tb = traceback.format_exc(limit=-8)
+            return _ProfileRun(error=f"{suite.id} [{profile}] crashed: {type(e).__name__}: {e}\n{tb}")
+        return _ProfileRun(by_ref=outcome.by_ref[seeds[0]], section=outcome.sections[0])
+
+
+def _log_paths(logs: Path, suite: Suite, profile: str) -> dict[str, Path]:
+    base = logs / suite.id / profile
+    out: dict[str, Path] = {}
+    for mode in suite.profile(profile).modes:
+        for cand in (base / f"{mode}.jsonl", base / mode / "metrics.jsonl"):
+            if cand.is_file():
+                out[mode] = cand
+                break
+    return out
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "rlbench: a check of a case-study suite (suites/*.yaml)")
+    for p in PROFILE_NAMES:
+        config.addinivalue_line("markers", f"profile_{p}: a check of a suite's {p} profile")
+    profiles = [p.strip() for p in str(config.getoption("--profile")).split(",") if p.strip()]
+    for p in profiles:
+        if p not in PROFILE_NAMES:
+            raise pytest.UsageError(f"--profile {p}: choose from {', '.join(PROFILE_NAMES)} (comma-separated)")
+    logs = config.getoption("--rlbench-logs")
+    out = Path(config.getoption("--rlbench-out"))
+    report = config.getoption("--rlbench-report")
+    state = RLBenchState(arch="cpu", device_name="", profiles=profiles, out=out,
+                         logs=Path(logs) if logs else None, sets=list(config.getoption("--rlbench-set")),
+                         report=Path(report) if report else out / "session-report.html")
+    if state.logs is not None:
+        if not state.logs.is_dir():
+            raise pytest.UsageError(f"--rlbench-logs {logs}: not a folder; pass the folder holding "
+                                    "<suite_id>/<profile>/<mode>.jsonl")
+        state.arch = config.getoption("--arch") or _detect()["arch"]
+        state.device_name = config.getoption("--rlbench-device") or ""
+        state.env = {"arch": state.arch, "device_name": state.device_name, "logs": str(state.logs)}
+    else:
+        from rlbench.runner import arch_mismatch, machine_info
+
+        env = _detect()
+        detected = str(env.get("arch") or "cpu")
+        state.arch = config.getoption("--arch") or detected
+        msg = arch_mismatch(state.arch, detected, env.get("device_name"))
+        if msg:
+            raise pytest.UsageError(msg)
+        state.machine = machine_info(state.arch, env)
+        state.device_name = state.machine["device_name"]
+        state.env = {**env, "arch": state.arch}
+    config.stash[_STATE] = state
+
+
+def _detect() -> dict[str, Any]:
+    from trainer.platform import collect_env
+
+    return collect_env()
+
+
+# ---------------------------------------------------------------------------- collection
+def expected_check_ids(suite: Suite, profile: str, ref: Reference) -> list[str]:
+    """The check ids `rlbench.checks.evaluate` gives `ref`'s results on `profile` (none if it does not apply)."""
+    if profile not in ref.profiles:
+        return []
+    prof_modes = suite.profile(profile).modes
+    if ref.kind == "golden":
+        return [f"golden:{stat_key(gs, m)}" for gs in ref.stats for m in (gs.modes or prof_modes)]
+    if ref.kind == "ratio":
+        return [ref.check_id()]
+    modes = ref.modes or prof_modes
+    return [ref.check_id(m if (ref.modes or len(modes) > 1) else None) for m in modes]
+
+
+def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
+    if file_path.suffix == ".yaml" and _STATE in parent.config.stash:
+        return SuiteFile.from_parent(parent, path=file_path)
+    return None
+
+
+class SuiteFile(pytest.File):
+    """One suite file: a collector per selected profile."""
+
+    def collect(self) -> Any:
+        try:
+            suite = load_suite(self.path)
+        except RLBenchError as e:
+            raise self.CollectError(str(e)) from None
+        for profile in self.config.stash[_STATE].profiles:
+            yield SuiteProfile.from_parent(self, name=f"{suite.id}[{profile}]", suite=suite, profile=profile)
+
+
+class SuiteProfile(pytest.Collector):
+    """One suite x profile: an item per check id of the references that list the profile."""
+
+    def __init__(self, *, suite: Suite, profile: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.suite, self.profile = suite, profile
+
+    def collect(self) -> Any:
+        seen: set[str] = set()
+        for i, ref in enumerate(self.suite.references):
+            for cid in expected_check_ids(self.suite, self.profile, ref):
+                if cid in seen:
+                    continue
+                seen.add(cid)
+                item = CheckItem.from_parent(self, name=cid, ref_index=i, check_id=cid)
+                item.add_marker("rlbench")
+                item.add_marker(f"profile_{self.profile}")
+                yield item
+
+
+class CheckFailed(Exception):
+    """A check that failed or errored; its text is the one-line message."""
+
+
+class CheckItem(pytest.Item):
+    def __init__(self, *, ref_index: int, check_id: str, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.ref_index, self.check_id = ref_index, check_id
+
+    @property
+    def _owner(self) -> SuiteProfile:
+        assert isinstance(self.parent, SuiteProfile)
+        return self.parent
+
+    def runtest(self) -> None:
+        owner = self._owner
+        run = self.config.stash[_STATE].results(owner.suite, owner.profile)
+        if run.error is not None:
+            raise CheckFailed(run.error)
+        assert run.by_ref is not None
+        mine = run.by_ref[self.ref_index]
+        results = [r for r in mine if r.check_id == self.check_id] or mine  # e.g. one skip for all golden stats
+        bad = [r for r in results if r.verdict in ("fail", "error")]
+        if bad:
+            raise CheckFailed(" | ".join(r.message for r in bad))
+        if results and all(r.verdict == "skip" for r in results):
+            pytest.skip(results[0].message)
+        if not results:
+            raise CheckFailed(f"{self.check_id}: no result came back for this check")
+
+    def repr_failure(self, excinfo: pytest.ExceptionInfo[BaseException], style: Any = None) -> str:
+        if isinstance(excinfo.value, CheckFailed):
+            return str(excinfo.value)
+        return str(super().repr_failure(excinfo, style=style))
+
+    def reportinfo(self) -> tuple[Path, int, str]:
+        return self.path, 0, f"{self._owner.name}::{self.check_id}"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if not isinstance(item, CheckItem):
+        return
+    owner = item._owner
+    reasons = item.config.stash[_STATE].unmet(owner.suite, owner.profile)
+    if reasons:
+        pytest.skip(f"{owner.suite.id} [{owner.profile}] cannot run here: {'; '.join(reasons)}")
+
+
+# ---------------------------------------------------------------------------- session end
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    state = session.config.stash.get(_STATE, None)
+    if state is None:
+        return
+    sections = [r.section for r in state.runs.values() if r.section is not None]
+    if not sections and not session.config.getoption("--rlbench-report"):
+        return  # nothing ran and no report was asked for
+    render_session_report(state.report, sections, title=f"rlbench suites on {state.arch}")
+    state.report_written = True
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    state = config.stash.get(_STATE, None)
+    if state is not None and state.report_written:
+        terminalreporter.write_line(f"rlbench session report: {state.report}")

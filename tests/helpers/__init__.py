@@ -1,0 +1,1 @@
+"""Shared builders for tests (logs shaped like published runs)."""
