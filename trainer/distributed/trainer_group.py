@@ -65,7 +65,13 @@ class TrainerGroup:
         return metrics
 
     def call_all(self, method: str, *args: Any, context: str = "") -> list[Any]:
+        """The same call on every worker (collectives inside must be entered by all ranks)."""
         return get([getattr(w, method).remote(*args) for w in self.workers], what="a trainer worker", context=context)
+
+    def call_all_args(self, method: str, args: list[tuple], *, context: str = "") -> list[Any]:
+        """Worker r runs `method(*args[r])`."""
+        return get([getattr(w, method).remote(*a) for w, a in zip(self.workers, args)], what="a trainer worker",
+                   context=context)
 
     def shutdown(self) -> None:
         import ray
