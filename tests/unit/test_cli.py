@@ -1,0 +1,232 @@
+"""The `rlbench` command: check on verl logs shaped like the published Qwen3-8B run, bad input,
+arch handling, seeds, and the run folder (with a fake trainer that writes a known log)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rlbench import cli, runner  # noqa: E402
+from rlbench.suite import load_suite  # noqa: E402
+from tests.helpers.verl_logs import write_qwen3_8b_grpo_log  # noqa: E402
+from trainer.config import load_config  # noqa: E402
+from trainer.errors import ConfigError  # noqa: E402
+
+SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
+DAPO = "verl_dapo_qwen25_math_7b_fully_async_gfx942"
+GEO = "verl_geo3k_qwen35_35b_a3b_moe_gfx950"
+
+
+def _check(tmp_path: Path, log: Path, *extra: str) -> list[str]:
+    return ["check", str(log), "--suite", SUITE, "--profile", "full", "--arch", "gfx950",
+            "--out", str(tmp_path / "out"), *extra]
+
+
+# ---------------------------------------------------------------------------- rlbench check
+def test_check_passes_on_published_shaped_log(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = write_qwen3_8b_grpo_log(tmp_path / "run.jsonl")
+    assert cli.main(_check(tmp_path, log)) == 0
+    out = capsys.readouterr().out
+    assert "FAIL" not in out and "ERROR" not in out
+    assert out.count("PASS ") == 11  # the 11 full-profile references of the suite
+    doc = json.loads((tmp_path / "out" / "checks.json").read_text())
+    assert doc["verdict"] == "pass" and doc["arch"] == "gfx950"
+    assert {r["verdict"] for r in doc["results"]} == {"pass", "skip"}
+    html = (tmp_path / "out" / "report.html").read_text()
+    assert "Plotly.newPlot" in html and "val-core/openai/gsm8k/acc/mean@1" in html
+
+
+def test_check_fails_when_gsm8k_peaks_at_090(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = write_qwen3_8b_grpo_log(tmp_path / "bad.jsonl", gsm8k_peak=0.90)
+    assert cli.main(_check(tmp_path, log)) == 1
+    lines = capsys.readouterr().out.splitlines()
+    peak = [ln for ln in lines if ln.startswith("FAIL") and "gsm8k/acc/mean@1 peak" in ln]
+    assert len(peak) == 1
+    # metric, expected bound (0.956 - 0.03) with its source, and the actual value
+    assert ">= 0.926" in peak[0] and "000_af77aeb111e0721a.txt: GSM8K peak 0.956" in peak[0]
+    assert "= 0.900" in peak[0]
+    fails = [ln for ln in lines if ln.startswith("FAIL")]
+    assert len(fails) == 3 and all("gsm8k" in ln for ln in fails)  # peak, steps_to_reach, mean_last
+    assert lines[-1].startswith("8 pass, 3 fail, 4 skip")
+
+
+def test_check_tolerates_truncated_last_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    log = write_qwen3_8b_grpo_log(tmp_path / "run.jsonl", truncated_tail=True)
+    assert cli.main(_check(tmp_path, log)) == 0
+    assert "warning:" in capsys.readouterr().err
+
+
+def test_check_report_path_option(tmp_path: Path) -> None:
+    log = write_qwen3_8b_grpo_log(tmp_path / "run.jsonl")
+    assert cli.main(_check(tmp_path, log, "--report", str(tmp_path / "r" / "parity.html"))) == 0
+    assert (tmp_path / "r" / "parity.html").is_file()
+    assert not (tmp_path / "out" / "report.html").exists()
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["check", "x.jsonl", "--suite", "no_such_suite", "--arch", "gfx950"], "suite 'no_such_suite'"),
+    (["check", "missing.jsonl", "--suite", SUITE, "--arch", "gfx950"], "missing.jsonl: metrics log not found"),
+    (["check", "--suite", SUITE, "--arch", "gfx950", "--run", "colocated"], "expected MODE=PATH"),
+    (["check", "--suite", SUITE, "--arch", "gfx950"], "no logs given"),
+    (["check", "a.jsonl", "--suite", SUITE, "--profile", "cpu"], "--arch: say which arch"),
+    (["run", SUITE, "--profile", "cpu", "--seeds", "0"], "--seeds 0"),
+    (["run", SUITE, "--profile", "full", "--arch", "cpu"], "cannot run here: needs 8 GPUs of arch gfx950"),
+    (["run", SUITE, "--profile", "cpu", "--arch", "gfx950"], "--arch gfx950 but this machine is"),
+])
+def test_bad_input_is_one_line_exit_2(argv: list[str], needle: str, capsys: pytest.CaptureFixture[str],
+                                      tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ROOT)
+    argv = [a.replace("x.jsonl", str(tmp_path / "x.jsonl")) for a in argv]
+    assert cli.main(argv + (["--out", str(tmp_path)] if argv[0] == "run" else [])) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and needle in err[0], err
+
+
+def test_mode_logs_mapping(tmp_path: Path) -> None:
+    dapo = load_suite(ROOT / "suites" / f"{DAPO}.yaml")
+    geo = load_suite(ROOT / "suites" / f"{GEO}.yaml")
+    # geo3k full runs colocated + fully_async: two logs map in the profile's order
+    assert cli._mode_logs(geo, "full", ["a", "b"], None, None) == {"colocated": Path("a"), "fully_async": Path("b")}
+    assert cli._mode_logs(geo, "full", ["a"], ["fully_async"], None) == {"fully_async": Path("a")}
+    assert cli._mode_logs(dapo, "cpu", ["a"], None, None) == {"fully_async": Path("a")}  # cpu: fully_async only
+    assert cli._mode_logs(geo, "full", [], None, ["fully_async=x.jsonl"]) == {"fully_async": Path("x.jsonl")}
+    with pytest.raises(ConfigError, match="say which mode each log is"):
+        cli._mode_logs(geo, "full", ["a"], None, None)
+    with pytest.raises(ConfigError, match="not both"):
+        cli._mode_logs(geo, "full", ["a"], None, ["colocated=b"])
+
+
+# ---------------------------------------------------------------------------- arch, seeds, machine
+def test_arch_mismatch_messages() -> None:
+    msg = runner.arch_mismatch("gfx950", "cpu")
+    assert msg is not None and "--arch gfx950 but this machine is cpu" in msg
+    assert "MI350X/MI355X" in msg and "--arch cpu" in msg and "rlbench check" in msg
+    msg = runner.arch_mismatch("gfx942", "sm_90", "H200")
+    assert msg is not None and "sm_90 (H200)" in msg and "MI300X" in msg and "--arch sm_90" in msg
+    assert runner.arch_mismatch("gfx942", "gfx942") is None
+    assert runner.arch_mismatch("cpu", "gfx950") is None  # cpu = use the CPU, on any machine
+
+
+def test_machine_info_from_env_record() -> None:
+    env = {"arch": "gfx942", "device_name": "MI300X", "num_gpus": 8,
+           "versions": {"torch": "2.13.0", "vllm": None, "sglang": "0.5.3"}}
+    info = runner.machine_info(None, env)
+    assert info == {"arch": "gfx942", "device_name": "MI300X", "num_gpus": 8,
+                    "packages": {"torch": "2.13.0", "sglang": "0.5.3"}}
+    cpu = runner.machine_info("cpu", env)  # --arch cpu on a GPU machine: GPUs are ignored
+    assert cpu["num_gpus"] == 0 and cpu["device_name"] == "cpu"
+
+
+def test_seed_list() -> None:
+    suite = load_suite(ROOT / "suites" / f"{SUITE}.yaml")  # cpu seeds [0, 1, 2]
+    assert runner.seed_list(suite, "cpu", None) == [0]
+    assert runner.seed_list(suite, "cpu", 2) == [0, 1]
+    assert runner.seed_list(suite, "cpu", 5) == [0, 1, 2, 3, 4]
+    assert runner.seed_list(suite, "full", 2) == [0, 1]  # full seeds [0]; continued with 1
+
+
+def test_find_suite_by_id_and_path(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./suites here: falls back to the project's
+    assert runner.find_suite(SUITE).id == SUITE
+    assert runner.find_suite(str(ROOT / "suites" / f"{SUITE}.yaml")).id == SUITE
+
+
+def test_resolved_config_applies_sets_and_fresh_run(tmp_path: Path) -> None:
+    suite = load_suite(ROOT / "suites" / f"{SUITE}.yaml")
+    cfg = runner.resolved_config(suite, "cpu", "colocated", 2, tmp_path / "d",
+                                 ["trainer.total_steps=3", "actor.lr=2e-5"])
+    assert cfg["trainer"]["total_steps"] == 3
+    assert load_config(cfg).actor.lr == 2e-5  # YAML reads "2e-5" as text; the trainer's schema makes it a float
+    assert cfg["trainer"]["seed"] == 2 and cfg["trainer"]["resume"] is False
+    assert cfg["trainer"]["out_dir"] == str(tmp_path / "d")
+
+
+def test_list_says_what_runs_here(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["list", "--arch", "cpu", "--suites-dir", str(ROOT / "suites")]) == 0
+    out = capsys.readouterr().out
+    assert out.count("runs here") == 5  # the five cpu profiles
+    assert "needs 8 GPUs of arch gfx950" in out and "needs 32 GPUs of arch gfx942" in out
+
+
+# ---------------------------------------------------------------------------- run folder (fake trainer)
+def _fake_train(cfg) -> Path:  # noqa: ANN001 - a TrainerConfig
+    """Writes the log a learning cpu run would: score 0.2 -> 0.6, small first KL, short responses."""
+    out = Path(cfg.trainer.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    n = cfg.trainer.total_steps
+    with (out / "metrics.jsonl").open("w") as f:
+        for t in range(1, n + 1):
+            data = {"critic/score/mean": 0.2 + 0.4 * (t - 1) / (n - 1), "actor/ppo_kl": 1e-3 * t,
+                    "actor/pg_loss": 0.1, "response_length/mean": 12.0, "timing_s/step": 1.0}
+            f.write(json.dumps({"step": t, "data": data}) + "\n")
+    return out / "metrics.jsonl"
+
+
+@pytest.fixture()
+def fake_train(monkeypatch: pytest.MonkeyPatch) -> None:
+    import trainer.api
+
+    monkeypatch.setattr(trainer.api, "train", _fake_train)
+
+
+def test_run_writes_run_folder(tmp_path: Path, fake_train: None, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli.main(["run", SUITE, "--profile", "cpu", "--arch", "cpu", "--out", str(tmp_path),
+                   "--set", "trainer.total_steps=12"])
+    out = capsys.readouterr()
+    assert rc == 0, out.out
+    folder = tmp_path / SUITE / "cpu"
+    assert (folder / "colocated" / "metrics.jsonl").is_file()
+    cfg = (folder / "config.colocated.yaml").read_text()
+    assert "total_steps: 12" in cfg and f"out_dir: {folder / 'colocated'}" in cfg
+    assert json.loads((folder / "env.json").read_text())["arch"] == "cpu"
+    doc = json.loads((folder / "checks.json").read_text())
+    verdicts = {r["check_id"]: r["verdict"] for r in doc["results"]}
+    assert verdicts["critic/score/mean:delta>=0.05"] == "pass"  # 0.6-ish minus 0.2-ish
+    assert verdicts["actor/ppo_kl:first<=0.005"] == "pass"
+    assert verdicts["response_length/mean:each in [1,24]"] == "pass"
+    assert doc["provenance"]["overrides"] == ["trainer.total_steps=12"]
+    assert (folder / "report.html").is_file()
+    assert "training 12 steps" in out.err  # one status line per phase
+
+
+def test_run_exit_1_on_failed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """A log whose step-1 KL (0.01) breaks the suite's `actor/ppo_kl first <= 0.005`."""
+    import trainer.api
+
+    def big_kl(cfg) -> Path:  # noqa: ANN001
+        path = _fake_train(cfg)
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        lines[0]["data"]["actor/ppo_kl"] = 0.01
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return path
+
+    monkeypatch.setattr(trainer.api, "train", big_kl)
+    rc = cli.main(["run", SUITE, "--profile", "cpu", "--arch", "cpu", "--out", str(tmp_path),
+                   "--set", "trainer.total_steps=6"])
+    out = capsys.readouterr().out
+    assert rc == 1
+    fail = [ln for ln in out.splitlines() if ln.startswith("FAIL")]
+    assert len(fail) == 1 and "actor/ppo_kl first over steps 1-1 = 0.010" in fail[0] and "<= 0.005" in fail[0]
+
+
+def test_run_several_seeds_and_one_mode(tmp_path: Path, fake_train: None) -> None:
+    assert cli.main(["run", GEO, "--profile", "cpu", "--arch", "cpu", "--out", str(tmp_path), "--seeds", "2",
+                     "--mode", "colocated", "--set", "trainer.total_steps=6"]) in (0, 1)
+    folder = tmp_path / GEO / "cpu"
+    assert (folder / "colocated" / "seed0" / "metrics.jsonl").is_file()
+    assert (folder / "colocated" / "seed1" / "metrics.jsonl").is_file()
+    assert not (folder / "fully_async").exists()
+    doc = json.loads((folder / "checks.json").read_text())
+    assert sorted({r["seed"] for r in doc["results"]}) == [0, 1]
+    # checks that read the mode not run are skipped, not errors
+    fa = [r for r in doc["results"] if "fully_async" in r["run"]]
+    assert fa and all(r["verdict"] == "skip" for r in fa)
+    assert "seed 1" in (folder / "report.html").read_text()
