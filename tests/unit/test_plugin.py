@@ -1,0 +1,132 @@
+"""The suites pytest plugin, through pytester: arch contradiction stops the session, profiles this
+machine cannot run are skipped with reasons (never a pass), `--rlbench-logs` checks logs shaped
+like the published Qwen3-8B run, `-k` selects, the session report is written, and a plain run of
+another folder never loads the plugin."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch  # noqa: F401 - imported before pytester's in-process runs, which drop modules they import
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rlbench.pytest_plugin import expected_check_ids  # noqa: E402
+from rlbench.suite import load_suite  # noqa: E402
+from tests.helpers.verl_logs import write_qwen3_8b_grpo_log  # noqa: E402
+
+pytest_plugins = ["pytester"]
+
+SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
+DAPO = "verl_dapo_qwen25_math_7b_fully_async_gfx942"
+CONFTEST = "from rlbench.pytest_plugin import *  # noqa: F401,F403\n"
+
+
+@pytest.fixture()
+def project(pytester: pytest.Pytester) -> pytest.Pytester:
+    """A checkout-like tree: suites/ with the real conftest and two suite files, and a tests/ folder."""
+    suites = pytester.mkdir("suites")
+    shutil.copy(ROOT / "suites" / "conftest.py", suites / "conftest.py")
+    for sid in (SUITE, DAPO):
+        shutil.copy(ROOT / "suites" / f"{sid}.yaml", suites / f"{sid}.yaml")
+    tests = pytester.mkdir("tests")
+    (tests / "test_plain.py").write_text("def test_plain():\n    assert 1 + 1 == 2\n")
+    return pytester
+
+
+def _args(p: pytest.Pytester, *extra: str) -> list[str]:
+    return ["suites", "-p", "no:cacheprovider", "-rs", "--rlbench-out", str(p.path / "runs"), *extra]
+
+
+def test_arch_contradicting_machine_stops_at_start(project: pytest.Pytester) -> None:
+    res = project.runpytest(*_args(project, "--arch", "gfx950"))
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    err = res.stderr.str()
+    assert "--arch gfx950 but this machine is cpu" in err and "MI350X/MI355X" in err
+    assert "passed" not in res.stdout.str()
+
+
+def test_profiles_that_cannot_run_are_skipped_with_reasons(project: pytest.Pytester) -> None:
+    res = project.runpytest(*_args(project, "--arch", "cpu", "--profile", "full,mini"))
+    outcomes = res.parseoutcomes()
+    assert outcomes.get("passed", 0) == 0 and outcomes.get("failed", 0) == 0
+    assert outcomes["skipped"] > 20
+    out = res.stdout.str()
+    assert "cannot run here: needs 8 GPUs of arch gfx950" in out  # qwen3-8b full
+    assert "needs 32 GPUs of arch gfx942" in out  # dapo full
+    assert "needs 1 GPU" in out and "needs sglang installed" in out  # mini
+    assert not (project.path / "runs" / SUITE).exists()  # nothing trained
+
+
+def _logs(p: pytest.Pytester, **kw: float) -> Path:
+    logs = p.path / "logs"
+    write_qwen3_8b_grpo_log(logs / SUITE / "full" / "colocated.jsonl", **kw)
+    return logs
+
+
+def test_rlbench_logs_pass(project: pytest.Pytester) -> None:
+    logs = _logs(project)
+    report = project.path / "session.html"
+    res = project.runpytest(*_args(project, "--arch", "gfx950", "--profile", "full", "--rlbench-logs", str(logs),
+                                   "--rlbench-report", str(report)))
+    outcomes = res.parseoutcomes()
+    assert outcomes["passed"] == 11 and outcomes.get("failed", 0) == 0  # the suite's 11 full references
+    assert "no logs for verl_dapo_qwen25_math_7b_fully_async_gfx942 [full]" in res.stdout.str()
+    html = report.read_text()
+    assert "Plotly.newPlot" in html and "Qwen3-8B" in html
+    assert (project.path / "runs" / SUITE / "full" / "checks.json").is_file()
+
+
+def test_rlbench_logs_failing_check_is_one_line(project: pytest.Pytester) -> None:
+    logs = _logs(project, gsm8k_peak=0.90)
+    res = project.runpytest(*_args(project, "--arch", "gfx950", "--profile", "full", "--rlbench-logs", str(logs),
+                                   "-k", SUITE))
+    outcomes = res.parseoutcomes()
+    assert outcomes["failed"] == 3 and outcomes["passed"] == 8
+    out = res.stdout.str()
+    assert "val-core/openai/gsm8k/acc/mean@1 peak over steps 0-200 = 0.900 (at step" in out
+    assert ">= 0.926 (0.956 - tol 0.03; 000_af77aeb111e0721a.txt: GSM8K peak 0.956): FAIL" in out
+    assert "Traceback" not in out and "def runtest" not in out and "CheckFailed" not in out
+
+
+def test_k_selects_items(project: pytest.Pytester) -> None:
+    logs = _logs(project)
+    res = project.runpytest(*_args(project, "--arch", "gfx950", "--profile", "full", "--rlbench-logs", str(logs),
+                                   "-k", "qwen3_8b and peak"))
+    outcomes = res.parseoutcomes()
+    assert outcomes == {"passed": 2, "deselected": outcomes["deselected"]}  # GSM8K peak and MATH peak
+
+
+def test_plain_run_of_tests_does_not_load_the_plugin(project: pytest.Pytester) -> None:
+    res = project.runpytest("tests", "-p", "no:cacheprovider")
+    res.assert_outcomes(passed=1)
+    res = project.runpytest("tests", "-p", "no:cacheprovider", "--arch", "cpu")
+    assert res.ret == pytest.ExitCode.USAGE_ERROR  # --arch is unknown outside suites/
+
+
+def test_collection_names_and_ids() -> None:
+    suite = load_suite(ROOT / "suites" / f"{SUITE}.yaml")
+    ids = [cid for ref in suite.references for cid in expected_check_ids(suite, "cpu", ref)]
+    assert ids == [
+        "actor/pg_loss:no_nan",
+        "critic/score/mean:delta>=0.05",
+        "actor/ppo_kl:first<=0.005",
+        "response_length/mean:each in [1,24]",
+        "golden:colocated:critic/score/mean:mean_last[5]",
+        "golden:colocated:critic/score/mean:mean_first[5]",
+        "golden:colocated:response_length/mean:mean",
+    ]
+    assert len([c for ref in suite.references for c in expected_check_ids(suite, "full", ref)]) == 11
+
+
+def test_collected_item_ids(project: pytest.Pytester) -> None:
+    res = project.runpytest(*_args(project, "--arch", "cpu", "--profile", "cpu", "--collect-only", "-q"))
+    lines = res.stdout.str().splitlines()
+    assert f"suites/{SUITE}.yaml::{SUITE}[cpu]::critic/score/mean:delta>=0.05" in lines
+    # dapo cpu runs fully_async only: no @mode suffix on single-mode checks
+    assert any(ln.startswith(f"suites/{DAPO}.yaml::{DAPO}[cpu]::") for ln in lines)
