@@ -51,6 +51,16 @@ def exit_code(results: list[CheckResult]) -> int:
     return 1 if any(r.verdict in ("fail", "error") for r in results) else 0
 
 
+def _print_outcome(outcome: Any) -> int:
+    """The verdict table of the references that apply to the profile, a summary line; the exit code."""
+    results, seeds = outcome.applicable()
+    print("\n".join(verdict_lines(results, seeds)))
+    other = len(outcome.results) - len(results)
+    note = f" ({other} references of other profiles not shown)" if other else ""
+    print(summary_line(results, outcome.report) + note)
+    return exit_code(outcome.results)
+
+
 # ---------------------------------------------------------------------------- helpers
 def _env(arch: str | None) -> tuple[dict[str, Any], str]:
     """The machine record and the arch to use (`--arch`, checked against the detected one)."""
@@ -102,9 +112,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     env, arch = _env(args.arch)
     outcome = run_profile(suite, args.profile, out=args.out, arch=arch, seeds=args.seeds,
                           modes=args.mode, sets=args.set, env=env)
-    print("\n".join(verdict_lines(outcome.results, outcome.seed_of)))
-    print(summary_line(outcome.results, outcome.report))
-    return exit_code(outcome.results)
+    return _print_outcome(outcome)
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -133,9 +141,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     outcome = evaluate_runs(suite, args.profile, {0: runs}, arch=args.arch, device_name=args.device or "",
                             folder=out, env=env, provenance=prov, report=args.report,
                             status=lambda line: print(f"[rlbench] {line}", file=sys.stderr))
-    print("\n".join(verdict_lines(outcome.results)))
-    print(summary_line(outcome.results, outcome.report))
-    return exit_code(outcome.results)
+    return _print_outcome(outcome)
 
 
 def cmd_golden(args: argparse.Namespace) -> int:

@@ -217,6 +217,12 @@ class Outcome:
     def verdict(self) -> str:
         return overall_verdict(self.results)
 
+    def applicable(self) -> tuple[list[CheckResult], list[int]]:
+        """(results, their seeds) of the references that list this profile (others are only skips)."""
+        keep = [i for i, ref in enumerate(self.suite.references) if self.profile in ref.profiles]
+        pairs = [(r, seed) for seed, per_ref in self.by_ref.items() for i in keep for r in per_ref[i]]
+        return [r for r, _ in pairs], [s for _, s in pairs]
+
 
 def suite_meta(suite: Suite, profile: str) -> dict[str, Any]:
     return {"suite": suite.id, "title": suite.title, "profile": profile, "file": str(suite.path or ""),
