@@ -12,7 +12,8 @@ suite, profile or metric. Only the references that list a profile become its ite
 
 - One training run per suite x profile (every mode it runs, the profile's first seed), started
   lazily by the first item that needs it and shared by the profile's other items; its run
-  folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/runner.py).
+  folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/runner.py). A status line per
+  phase goes to the terminal (the trainer's own progress bar is captured by pytest; `-s` shows it).
 - `--profile` (full | mini | cpu, comma-separated; default: all three): a profile that this
   machine cannot run (GPU count, arch, packages, model/data paths) has every item skipped with
   the reason from `profile_unmet_requirements`. So the default runs exactly what can run here.
@@ -31,6 +32,7 @@ suite, profile or metric. Only the references that list a profile become its ite
 
 from __future__ import annotations
 
+import sys
 import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +47,12 @@ from rlbench.suite import PROFILE_NAMES, Reference, Suite, load_suite, profile_u
 from trainer.errors import RLBenchError
 
 __all__ = [
-    "pytest_addoption", "pytest_configure", "pytest_collect_file", "pytest_runtest_setup",
-    "pytest_sessionfinish", "pytest_terminal_summary",
+    "pytest_addoption",
+    "pytest_collect_file",
+    "pytest_configure",
+    "pytest_runtest_setup",
+    "pytest_sessionfinish",
+    "pytest_terminal_summary",
 ]
 
 _STATE = pytest.StashKey["RLBenchState"]()
@@ -91,12 +97,22 @@ class RLBenchState:
     machine: dict[str, Any] = field(default_factory=dict)  # env_info for profile_unmet_requirements
     runs: dict[tuple[str, str], _ProfileRun] = field(default_factory=dict)
     report_written: bool = False
+    terminal: Any = None  # pytest's terminal reporter: status lines reach the user while output is captured
+
+    def status(self, line: str) -> None:
+        if self.terminal is not None:
+            self.terminal.write_line(f"[rlbench] {line}")
+        else:
+            print(f"[rlbench] {line}", file=sys.stderr, flush=True)
 
     def unmet(self, suite: Suite, profile: str) -> list[str]:
         if self.logs is not None:
-            return [] if _log_paths(self.logs, suite, profile) else [
-                f"no logs for {suite.id} [{profile}] under {self.logs / suite.id / profile} "
-                f"(expected <mode>.jsonl or <mode>/metrics.jsonl for {', '.join(suite.profile(profile).modes)})"]
+            if _log_paths(self.logs, suite, profile):
+                return []
+            modes = ", ".join(suite.profile(profile).modes)
+            reason = (f"no logs for {suite.id} [{profile}] under {self.logs / suite.id / profile} "
+                      f"(expected <mode>.jsonl or <mode>/metrics.jsonl for {modes})")
+            return [reason]
         return profile_unmet_requirements(suite, profile, self.machine)
 
     def results(self, suite: Suite, profile: str) -> _ProfileRun:
@@ -118,11 +134,13 @@ class RLBenchState:
                 prov = {"suite_file": str(suite.path), "profile": profile,
                         "logs": {m: str(p) for m, p in paths.items()}}
             else:
-                trained = train_profile(suite, profile, self.out, seeds=seeds, sets=self.sets)
+                trained = train_profile(suite, profile, self.out, seeds=seeds, sets=self.sets,
+                                        status=self.status)
                 runs, folder = trained.frames(seeds[0]), trained.folder
                 prov = provenance(suite, profile, seeds, self.env, self.sets)
             outcome = evaluate_runs(suite, profile, {seeds[0]: runs}, arch=self.arch, device_name=self.device_name,
-                                    folder=folder, env=self.env, provenance=prov, ran_modes=list(runs))
+                                    folder=folder, env=self.env, provenance=prov, ran_modes=list(runs),
+                                    status=self.status)
         except RLBenchError as e:
             return _ProfileRun(error=f"{suite.id} [{profile}]: {e}")
         except Exception as e:  # noqa: BLE001 - a crash in training is reported on every item of the profile
@@ -175,6 +193,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.machine = machine_info(state.arch, env)
         state.device_name = state.machine["device_name"]
         state.env = {**env, "arch": state.arch}
+    state.terminal = config.pluginmanager.get_plugin("terminalreporter")
     config.stash[_STATE] = state
 
 

@@ -8,4 +8,4 @@ The hooks are imported here rather than listed in `pytest_plugins`, so they appl
 only and a plain `pytest` (testpaths = tests) never loads them.
 """
 
-from rlbench.pytest_plugin import *  # noqa: F401,F403
+from rlbench.pytest_plugin import *

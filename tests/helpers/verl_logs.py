@@ -31,9 +31,9 @@ def qwen3_8b_grpo_steps(*, steps: int = 200, test_freq: int = 5, gsm8k_peak: flo
                         math_peak: float = 0.835, seed: int = 0) -> list[dict]:
     """`[{"step": N, "data": {...}}, ...]`, several records per step, in file order."""
     rng = random.Random(seed)
-    noise = lambda s: rng.uniform(-s, s)  # noqa: E731 - a tiny local helper
+    noise = lambda s: rng.uniform(-s, s)
     records: list[dict] = []
-    for t in range(0, steps + 1):
+    for t in range(steps + 1):
         if t > 0:
             records.append({"step": t, "data": {
                 "critic/score/mean": _sat(t, 0.62, 0.90, 25.0) + noise(0.005),

@@ -13,11 +13,11 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlbench import cli, runner  # noqa: E402
-from rlbench.suite import load_suite  # noqa: E402
-from tests.helpers.verl_logs import write_qwen3_8b_grpo_log  # noqa: E402
-from trainer.config import load_config  # noqa: E402
-from trainer.errors import ConfigError  # noqa: E402
+from rlbench import cli, runner
+from rlbench.suite import load_suite
+from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
+from trainer.config import load_config
+from trainer.errors import ConfigError
 
 SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
 DAPO = "verl_dapo_qwen25_math_7b_fully_async_gfx942"
@@ -158,7 +158,7 @@ def test_list_says_what_runs_here(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # ---------------------------------------------------------------------------- run folder (fake trainer)
-def _fake_train(cfg) -> Path:  # noqa: ANN001 - a TrainerConfig
+def _fake_train(cfg) -> Path:
     """Writes the log a learning cpu run would: score 0.2 -> 0.6, small first KL, short responses."""
     out = Path(cfg.trainer.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -203,7 +203,7 @@ def test_run_exit_1_on_failed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     """A log whose step-1 KL (0.01) breaks the suite's `actor/ppo_kl first <= 0.005`."""
     import trainer.api
 
-    def big_kl(cfg) -> Path:  # noqa: ANN001
+    def big_kl(cfg) -> Path:
         path = _fake_train(cfg)
         lines = [json.loads(x) for x in path.read_text().splitlines()]
         lines[0]["data"]["actor/ppo_kl"] = 0.01

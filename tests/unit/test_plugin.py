@@ -16,15 +16,15 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlbench.pytest_plugin import expected_check_ids  # noqa: E402
-from rlbench.suite import load_suite  # noqa: E402
-from tests.helpers.verl_logs import write_qwen3_8b_grpo_log  # noqa: E402
+from rlbench.pytest_plugin import expected_check_ids
+from rlbench.suite import load_suite
+from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
 
 pytest_plugins = ["pytester"]
 
 SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
 DAPO = "verl_dapo_qwen25_math_7b_fully_async_gfx942"
-CONFTEST = "from rlbench.pytest_plugin import *  # noqa: F401,F403\n"
+
 
 
 @pytest.fixture()
