@@ -232,3 +232,33 @@ def test_run_several_seeds_and_one_mode(tmp_path: Path, fake_train: None) -> Non
     fa = [r for r in doc["results"] if "fully_async" in r["run"]]
     assert fa and all(r["verdict"] == "skip" for r in fa)
     assert "seed 1" in (folder / "report.html").read_text()
+
+
+def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed s shifts the score curve by 0.01 * s: over seeds 0, 1 the mean_last[5] is m and m + 0.01,
+    so the recorded mean is m + 0.005 and tol = 3 x 0.005 = 0.015 (safety factor 3)."""
+    import trainer.api
+
+    def seeded(cfg) -> Path:  # noqa: ANN001
+        path = _fake_train(cfg)
+        lines = [json.loads(x) for x in path.read_text().splitlines()]
+        for x in lines:
+            x["data"]["critic/score/mean"] += 0.01 * cfg.trainer.seed
+        path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return path
+
+    monkeypatch.setattr(trainer.api, "train", seeded)
+    gdir = tmp_path / "golden"
+    rc = cli.main(["golden", SUITE, "--profile", "cpu", "--arch", "cpu", "--seeds", "2", "--out", str(tmp_path),
+                   "--golden-dir", str(gdir), "--set", "trainer.total_steps=11"])
+    assert rc == 0
+    doc = json.loads((gdir / f"{SUITE}.cpu.cpu.json").read_text())
+    entry = doc["values"]["colocated:critic/score/mean:mean_last[5]"]
+    # steps 7..11 of 0.2 + 0.4 * (t - 1) / 10: mean 0.2 + 0.04 * 8 = 0.52; seeds add 0 and 0.01
+    assert entry["mean"] == pytest.approx(0.525)
+    assert entry["tol"] == pytest.approx(0.015)
+    prov = doc["provenance"]
+    assert prov["seeds"] == [0, 1] and prov["arch"] == "cpu" and "commit" in prov and "machine" in prov
+    assert (tmp_path / SUITE / "cpu" / "colocated" / "seed1" / "metrics.jsonl").is_file()
+    assert "golden values for" in capsys.readouterr().out
