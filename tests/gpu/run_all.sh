@@ -13,3 +13,5 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv | tee "$OUT/nvidia_smi.txt"
 python3 -m trainer.bench "$@" --out "$OUT" 2>&1 | tee "$OUT/bench.log"
+# the device returns at most 8 files: pack the per-section JSON into one archive
+(cd "$OUT" && tar czf bench_json.tgz *.json && rm -f *.json)

@@ -64,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-len", type=int, default=1024)
     ap.add_argument("--train-micro", type=int, default=16)
     ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--train-chunks", default="1024", help="actor.logprob_chunk_size values to compare")
+    ap.add_argument("--profile", action="store_true", help="kernel-time table of one training step")
     ap.add_argument("--grpo-steps", type=int, default=4)
     ap.add_argument("--peak-tflops", type=float, default=None, help="vendor bf16 peak override")
     args = ap.parse_args(argv)
@@ -112,13 +114,17 @@ def main(argv: list[str] | None = None) -> int:
     if "train" in args.sections:
         rows = []
         for shape in args.train_shapes.split(","):
-            r = run(f"train_{shape}", lambda: perf.bench_training(
-                shape, num_seqs=args.train_seqs, seq_len=args.train_len, prompt_len=32, micro=args.train_micro,
-                device=dev, matmul_tflops=ceil["bf16_matmul_tflops"], vendor_tflops=vendor, steps=args.steps))
-            if r:
-                rows.append(r)
+            for chunk in (int(c) for c in args.train_chunks.split(",")):
+                r = run(f"train_{shape}_c{chunk}", lambda: perf.bench_training(
+                    shape, num_seqs=args.train_seqs, seq_len=args.train_len, prompt_len=32, micro=args.train_micro,
+                    device=dev, matmul_tflops=ceil["bf16_matmul_tflops"], vendor_tflops=vendor, steps=args.steps,
+                    chunk=chunk, profile=args.profile))
+                if r:
+                    rows.append(r)
+                    for k in r.get("profile_top_kernels", [])[:12]:
+                        print(f"  {k['device_ms']:9.1f} ms  x{k['count']:<5} {k['name']}", flush=True)
         if rows:
-            summary.append(table(rows, ["shape", "tok_s", "mfu_vs_measured_6n", "mfu_vs_measured", "mfu_vs_vendor",
+            summary.append(table(rows, ["shape", "logprob_chunk_size", "tok_s", "mfu_vs_measured_6n", "mfu_vs_measured", "mfu_vs_vendor",
                                         "actor_metric_mfu", "peak_mem_gib"]))
     if "sync" in args.sections:
         r = run("sync", lambda: perf.bench_weight_sync(args.rollout_shape, dev))

@@ -151,7 +151,7 @@ def synthetic_rollout(num: int, prompt_len: int, response_len: int, vocab: int, 
 
 def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, micro: int, device: torch.device,
                    matmul_tflops: float, vendor_tflops: float, steps: int = 3, mixed_precision: str = "bf16",
-                   gradient_checkpointing: bool = False) -> dict[str, Any]:
+                   gradient_checkpointing: bool = False, chunk: int = 1024, profile: bool = False) -> dict[str, Any]:
     """One actor update (fwd + bwd + AdamW) over `num_seqs x seq_len` tokens: tok/s, MFU, peak memory."""
     torch.cuda.reset_peak_memory_stats(device)
     master = "float32" if mixed_precision == "bf16" else "bfloat16"
@@ -159,7 +159,7 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
     acfg = ActorConfig(lr=1e-6, ppo_mini_batch_size=num_seqs, ppo_micro_batch_size_per_gpu=micro,
-                       mixed_precision=mixed_precision)
+                       mixed_precision=mixed_precision, logprob_chunk_size=chunk)
     actor = Actor(model, acfg, temperature=1.0, max_response_length=seq_len - prompt_len, device=device)
     roll = synthetic_rollout(num_seqs, prompt_len, seq_len - prompt_len, model.config.vocab_size)
     batch = batch_from_rollout(roll, pad_token_id=0)
@@ -183,9 +183,27 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
            "actor_metric_mfu": metrics[-1].get("perf/mfu/actor"),
            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30,
            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2 ** 30}
+    out["logprob_chunk_size"] = chunk
+    if profile:
+        out["profile_top_kernels"] = profile_top(step)
     del actor, model
     torch.cuda.empty_cache()
     return out
+
+
+def profile_top(fn: Callable[[], Any], top: int = 20) -> list[dict[str, Any]]:
+    """Device time per kernel name over one call of `fn`, largest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        sync()
+    rows = []
+    for e in prof.key_averages():
+        dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        rows.append({"name": e.key[:90], "device_ms": dev_us / 1e3, "count": e.count})
+    rows.sort(key=lambda r: -r["device_ms"])
+    return rows[:top]
 
 
 # ----------------------------------------------------------------------------- weight sync

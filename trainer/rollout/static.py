@@ -176,21 +176,25 @@ class StaticRolloutEngine(RolloutEngine):
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         """RMSNorm as the HF modules compute it: fp32 statistics, cast back, then scale."""
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * xf.to(x.dtype)
+        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
 
     def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin `[..., D]` for position ids `[...]` (fp32 angles, cast to the model dtype)."""
+        """cos and signed sin `[..., D]` for position ids `[...]` (fp32 angles, cast to the model dtype).
+
+        The signed sin is (-sin, sin) over the two halves, so rotate_half(x) * sin == swap_halves(x) * signed_sin.
+        """
         freqs = pos.float()[..., None] * self.inv_freq  # [..., D/2]
         emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.rope_scale).to(self.dtype), (emb.sin() * self.rope_scale).to(self.dtype)
+        sin = emb.sin() * self.rope_scale
+        half = sin.shape[-1] // 2
+        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+        return (emb.cos() * self.rope_scale).to(self.dtype), signed.to(self.dtype)
 
     @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        half = x.shape[-1] // 2
-        rot = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-        return x * cos + rot * sin
+    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+        """HF's `x * cos + rotate_half(x) * sin`, with the half swap as one flip of a [2, D/2] view."""
+        swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+        return x * cos + swapped * signed_sin
 
     def _qkv(self, lw: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -198,15 +202,15 @@ class StaticRolloutEngine(RolloutEngine):
         b, t, _ = h.shape
         d = self.head_dim
         qkv = F.linear(h, lw.w_qkv, lw.b_qkv)  # [B, T, (nq + 2 nkv) D]
-        q, k, v = qkv.split([self.n_q * d, self.n_kv * d, self.n_kv * d], dim=-1)
-        q = q.view(b, t, self.n_q, d)
-        k = k.view(b, t, self.n_kv, d)
+        qk, v = qkv.split([(self.n_q + self.n_kv) * d, self.n_kv * d], dim=-1)
+        qk = qk.view(b, t, self.n_q + self.n_kv, d)
         v = v.view(b, t, self.n_kv, d).transpose(1, 2)
-        if lw.q_norm is not None:
-            q, k = self._norm(q, lw.q_norm), self._norm(k, lw.k_norm)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        cos, sin = cos[:, None], sin[:, None]  # [B, 1, T, D]
-        return self._rotate(q, cos, sin), self._rotate(k, cos, sin), v
+        if lw.q_norm is not None:  # Qwen3: per-head RMSNorm of q and k before the rotation
+            q, k = qk.split([self.n_q, self.n_kv], dim=2)
+            qk = torch.cat([self._norm(q, lw.q_norm), self._norm(k, lw.k_norm)], dim=2)
+        qk = self._rotate(qk, cos[:, :, None], sin[:, :, None])  # q and k heads rotated together
+        q, k = qk.transpose(1, 2).split([self.n_q, self.n_kv], dim=1)
+        return q, k, v
 
     def _mlp(self, lw: _Layer, x: torch.Tensor) -> torch.Tensor:
         gu = F.linear(self._norm(x, lw.ln2), lw.w_gu)
