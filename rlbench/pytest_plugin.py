@@ -197,6 +197,15 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[_STATE] = state
 
 
+def pytest_report_header(config: pytest.Config) -> str | None:
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return None
+    source = f"logs from {state.logs}" if state.logs else f"runs into {state.out}"
+    return (f"rlbench: arch {state.arch}, device {state.device_name or '-'}, profiles {','.join(state.profiles)}, "
+            f"{source}" + (f", overrides {' '.join(state.sets)}" if state.sets else ""))
+
+
 def _detect() -> dict[str, Any]:
     from trainer.platform import collect_env
 
@@ -281,7 +290,7 @@ class CheckItem(pytest.Item):
         if bad:
             raise CheckFailed(" | ".join(r.message for r in bad))
         if results and all(r.verdict == "skip" for r in results):
-            pytest.skip(results[0].message)
+            _skip(results[0].message)
         if not results:
             raise CheckFailed(f"{self.check_id}: no result came back for this check")
 
@@ -294,13 +303,18 @@ class CheckItem(pytest.Item):
         return self.path, 0, f"{self._owner.name}::{self.check_id}"
 
 
+def _skip(reason: str) -> None:
+    """Skip reported at the suite file (as a skip marker is), not at this module's line."""
+    raise pytest.skip.Exception(reason, _use_item_location=True)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     if not isinstance(item, CheckItem):
         return
     owner = item._owner
     reasons = item.config.stash[_STATE].unmet(owner.suite, owner.profile)
     if reasons:
-        pytest.skip(f"{owner.suite.id} [{owner.profile}] cannot run here: {'; '.join(reasons)}")
+        _skip(f"{owner.suite.id} [{owner.profile}] cannot run here: {'; '.join(reasons)}")
 
 
 # ---------------------------------------------------------------------------- session end
