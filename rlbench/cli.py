@@ -139,7 +139,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     prov = {"suite_file": str(suite.path), "profile": args.profile, "logs": env["logs"],
             "command": " ".join(sys.argv)}
     outcome = evaluate_runs(suite, args.profile, {0: runs}, arch=args.arch, device_name=args.device or "",
-                            folder=out, env=env, provenance=prov, report=args.report,
+                            folder=out, env=env, provenance=prov, report=args.report, ran_modes=list(runs),
                             status=lambda line: print(f"[rlbench] {line}", file=sys.stderr))
     return _print_outcome(outcome)
 

@@ -23,6 +23,7 @@ suite, profile or metric. Only the references that list a profile become its ite
   profile, `<DIR>/<suite_id>/<profile>/<mode>.jsonl` or `<mode>/metrics.jsonl` (so a previous
   `--rlbench-out` folder works), any format `rlbench.ingest` reads. `--arch` then names the arch
   the logs came from and is not compared to this machine; `--rlbench-device` names the board.
+  A mode without a log has its checks skipped; a profile without any log, all of its items.
 - Verdicts: pass -> pass; fail and error -> a failure whose text is the check's one-line
   message; skip (e.g. a device-scoped reference on another board, golden values not recorded
   for this arch) -> a pytest skip with the reason.

@@ -235,7 +235,7 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
                   provenance: dict[str, Any], report: Path | None = None,
                   golden_dir: str | Path | None = None, ran_modes: list[str] | None = None,
                   status: Status = stderr_status) -> Outcome:
-    """Evaluate the suite's checks on each seed's runs; write checks.json and report.html.
+    """Evaluate the suite's checks on each seed's runs; write checks.json, env.json and report.html.
 
     `ran_modes`: when only some of the profile's modes were run on purpose (`--mode`), checks
     that read another mode are skipped instead of reported as errors.
@@ -262,6 +262,7 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
            "verdict": outcome.verdict, "provenance": provenance,
            "results": [{**r.to_dict(), "seed": s} for r, s in zip(results, seed_of)]}
     (folder / "checks.json").write_text(json.dumps(doc, indent=2, default=str))
+    (folder / "env.json").write_text(json.dumps(env, indent=2, default=str))
     report = Path(report) if report is not None else folder / "report.html"
     if len(sections) == 1:
         s = sections[0]
@@ -307,7 +308,6 @@ def run_profile(suite: Suite, profile: str, *, out: str | Path, arch: str, seeds
         raise ConfigError(f"{suite.id} profile {profile} cannot run here: {'; '.join(unmet)}")
     seed_ids = seed_list(suite, profile, seeds)
     runs = train_profile(suite, profile, out, seeds=seed_ids, modes=modes, sets=sets, status=status)
-    (runs.folder / "env.json").write_text(json.dumps(env, indent=2, default=str))
     status(f"{suite.id} [{profile}]: evaluating checks")
     frames = {s: runs.frames(s) for s in seed_ids}
     return evaluate_runs(suite, profile, frames, arch=arch, device_name=info["device_name"], folder=runs.folder,

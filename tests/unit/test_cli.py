@@ -262,3 +262,19 @@ def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert prov["seeds"] == [0, 1] and prov["arch"] == "cpu" and "commit" in prov and "machine" in prov
     assert (tmp_path / SUITE / "cpu" / "colocated" / "seed1" / "metrics.jsonl").is_file()
     assert "golden values for" in capsys.readouterr().out
+
+
+def test_check_one_log_of_a_two_mode_profile_skips_the_other_mode(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """geo3k cpu runs both modes; a fully_async log alone checks fully_async and skips the rest."""
+    log = tmp_path / "fa.jsonl"
+    log.write_text("".join(json.dumps({"step": t, "data": {"actor/pg_loss": 0.1, "critic/score/mean": 0.1 * t,
+                                                           "fully_async/staleness/max_version_lag": 1.0}}) + "\n"
+                           for t in range(1, 13)))
+    rc = cli.main(["check", "--suite", GEO, "--profile", "cpu", "--arch", "cpu", "--run", f"fully_async={log}",
+                   "--out", str(tmp_path / "out")])
+    out = capsys.readouterr().out
+    assert "ERROR" not in out
+    assert "fully_async/staleness/max_version_lag every step over steps 1-12" in out
+    assert "mode colocated was not run" in out
+    assert rc == 0
