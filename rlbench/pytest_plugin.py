@@ -51,6 +51,7 @@ __all__ = [
     "pytest_addoption",
     "pytest_collect_file",
     "pytest_configure",
+    "pytest_report_header",
     "pytest_runtest_setup",
     "pytest_sessionfinish",
     "pytest_terminal_summary",

@@ -240,7 +240,7 @@ def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     so the recorded mean is m + 0.005 and tol = 3 x 0.005 = 0.015 (safety factor 3)."""
     import trainer.api
 
-    def seeded(cfg) -> Path:  # noqa: ANN001
+    def seeded(cfg) -> Path:
         path = _fake_train(cfg)
         lines = [json.loads(x) for x in path.read_text().splitlines()]
         for x in lines:

@@ -60,6 +60,7 @@ def test_profiles_that_cannot_run_are_skipped_with_reasons(project: pytest.Pytes
     assert "cannot run here: needs 8 GPUs of arch gfx950" in out  # qwen3-8b full
     assert "needs 32 GPUs of arch gfx942" in out  # dapo full
     assert "needs 1 GPU" in out and "needs sglang installed" in out  # mini
+    assert "rlbench: arch cpu, device cpu, profiles full,mini, runs into" in out  # report header
     assert not (project.path / "runs" / SUITE).exists()  # nothing trained
 
 
