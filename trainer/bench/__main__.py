@@ -28,7 +28,7 @@ def provenance() -> dict[str, Any]:
     info: dict[str, Any] = {"date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                             "argv": sys.argv, "torch": torch.__version__}
     try:
-        info["env"] = collect_env(Path(__file__).resolve().parents[2])
+        info["env"] = collect_env(repo_root=Path(__file__).resolve().parents[2])
     except Exception as e:  # provenance must never stop a benchmark
         info["env_error"] = repr(e)
     if torch.cuda.is_available():
