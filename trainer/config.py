@@ -161,6 +161,24 @@ class AsyncConfig(_Section):
     partial_rollout: bool = Field(True, description="interrupt in-flight generations at a sync and continue them with new weights")
 
 
+class AgentConfig(_Section):
+    """Multi-turn tool use (`trainer/agent/`): the model calls a sandboxed Python tool mid-response."""
+
+    enable: bool = Field(False, description=(
+        "generate multi-turn tool-use trajectories (ReTool): tool outputs are appended to the response and "
+        "masked out of the loss"))
+    max_turns: int = Field(4, ge=1, description="assistant segments per response (tool calls + the final answer)")
+    tool: Literal["python"] = Field("python", description="the tool: 'python' runs execute_python_code in a subprocess")
+    tool_timeout_s: float = Field(5.0, gt=0, description="wall-clock (and CPU-seconds) limit of one tool run")
+    tool_memory_mb: int = Field(512, ge=64, description="address-space limit of one tool run")
+    max_observation_tokens: int = Field(64, gt=0, description="tool output tokens kept per call (the rest is cut)")
+    max_parallel_tools: int = Field(2, ge=1, description="tool runs in flight at once across a batch")
+    system_prompt: str | None = Field(None, description=(
+        "system message put before every prompt (explains the tool-call format); None: the rows' own messages"))
+    data_source: str | None = Field(None, description=(
+        "score every row with this reward (e.g. 'retool': strict \\boxed{} + per-turn shaping); None: the rows' own"))
+
+
 class TrainerConfig(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
@@ -170,6 +188,7 @@ class TrainerConfig(_Section):
     critic: CriticConfig = Field(default_factory=CriticConfig)
     trainer: TrainerSection = Field(default_factory=TrainerSection)
     async_: AsyncConfig = Field(default_factory=AsyncConfig, alias="async")
+    agent: AgentConfig = Field(default_factory=AgentConfig)
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
@@ -181,6 +200,10 @@ class TrainerConfig(_Section):
                 f"data.train_batch_size={self.data.train_batch_size} (fix: pick a divisor)")
         if self.algorithm.name == "ppo" and not self.critic.enable:
             raise ValueError("algorithm.name=ppo needs a value model (fix: set critic.enable=true)")
+        t = self.trainer
+        if self.agent.enable and (t.mode != "colocated" or t.use_ray or t.n_gpus_per_node * t.nnodes > 1):
+            raise ValueError("agent.enable=true runs in the single-process colocated loop only (fix: set "
+                             "trainer.mode=colocated, trainer.use_ray=false and one device, or agent.enable=false)")
         return self
 
     def to_dict(self) -> dict[str, Any]:
