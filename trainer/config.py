@@ -159,6 +159,8 @@ class AsyncConfig(_Section):
     trigger_parameter_sync_step: int = Field(4, ge=1, description="trainer updates between weight syncs")
     require_batches: int = Field(1, ge=1, description="mini-batches the trainer takes from the queue per update")
     partial_rollout: bool = Field(True, description="interrupt in-flight generations at a sync and continue them with new weights")
+    rollout_groups_per_call: int | None = Field(None, ge=1, description=(
+        "prompts the rollout worker samples per generate call; None = require_batches * ppo_mini_batch_size"))
 
 
 class AgentConfig(_Section):
