@@ -71,7 +71,8 @@ def shard_model(model: torch.nn.Module, device: torch.device, *, sum_gradients: 
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
-                module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
+                if hasattr(module, "set_force_sum_reduction_for_comms"):
+                    module.set_force_sum_reduction_for_comms(True)  # plain SUM: gloo has no PREMUL_SUM
     return model
 
 

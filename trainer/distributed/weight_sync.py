@@ -70,13 +70,19 @@ class SyncGroup:
         timeout = timedelta(seconds=timeout_s)
         store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
         prefix = dist.PrefixStore("weight_sync", store)
-        if device.type == "cuda":
+        self.backend = "nccl" if device.type == "cuda" and hasattr(dist, "ProcessGroupNCCL") else "gloo"
+        if self.backend == "nccl":
             self.pg = dist.ProcessGroupNCCL(prefix, rank, world_size)
-        else:
+        else:  # CPU workers; a CUDA tensor is staged through host memory
             self.pg = dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
         self._store = store  # the master's store must outlive the group
 
     def broadcast(self, tensor: torch.Tensor) -> None:
+        if self.backend == "gloo" and tensor.device.type != "cpu":
+            host = tensor.cpu()
+            self.pg.broadcast(host, 0).wait()
+            tensor.copy_(host)
+            return
         self.pg.broadcast(tensor, 0).wait()
 
 

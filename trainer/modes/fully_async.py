@@ -81,7 +81,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         pg = placement_group_for(1, use_gpu, name="rollout-pg")
         rollouter = ray.remote(RolloutWorker).options(**bundle_options(pg, 0, use_gpu, max_concurrency=8),
                                                       name="rollouter").remote(
-            cfg.to_dict(), max_required_groups=max_required, groups_per_call=required)
+            cfg.to_dict(), max_required_groups=max_required, groups_per_call=a.rollout_groups_per_call or required)
         trainers = TrainerGroup(cfg, num_workers=a.train_gpus, use_gpu=use_gpu, with_engine=False)
         trainers.check_batch(required)
         pad_token_id = get(rollouter.pad_token_id.remote(), what="rollout worker", context="while loading the model")
