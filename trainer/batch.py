@@ -4,7 +4,8 @@
     attention_mask [N, P+R]  1 on real tokens
     position_ids   [N, P+R]  cumsum(attention_mask) - 1, clamped at 0
     responses      [N, R]    response tokens (pad after the end)
-    response_mask  [N, R]    1 on response tokens that count in the loss
+    response_mask  [N, R]    1 on response tokens that count in the loss (0 on padding and on
+                             tool-observation tokens of multi-turn rollouts, `Rollout.response_mask`)
 
 Every response starts at column P, so the logits that predict response token t sit at column
 P - 1 + t: one slice `hidden[:, P-1:-1]` serves the whole batch. Per-sequence fields (`scores`,
@@ -83,7 +84,9 @@ def batch_from_rollout(rollout: Rollout, *, pad_token_id: int, max_response_leng
     responses = torch.full((n, r), pad_token_id, dtype=torch.long)
     response_mask = torch.zeros((n, r), dtype=torch.float32)
     logprobs = torch.zeros((n, r), dtype=torch.float32)
-    for i, (prompt, resp, lps) in enumerate(zip(rollout.prompt_ids, rollout.response_ids, rollout.response_logprobs)):
+    masks = rollout.response_mask or [None] * n  # multi-turn: 0 on tool-observation tokens
+    for i, (prompt, resp, lps, m) in enumerate(zip(rollout.prompt_ids, rollout.response_ids, rollout.response_logprobs,
+                                                   masks)):
         resp, lps = resp[:r], lps[:r]
         input_ids[i, p - len(prompt):p] = torch.tensor(prompt, dtype=torch.long)
         attention_mask[i, p - len(prompt):p] = 1
@@ -92,8 +95,9 @@ def batch_from_rollout(rollout: Rollout, *, pad_token_id: int, max_response_leng
             input_ids[i, p:p + len(resp)] = t
             attention_mask[i, p:p + len(resp)] = 1
             responses[i, :len(resp)] = t
-            response_mask[i, :len(resp)] = 1.0
+            response_mask[i, :len(resp)] = 1.0 if m is None else torch.tensor(m[:r], dtype=torch.float32)
             logprobs[i, :len(lps)] = torch.tensor(lps, dtype=torch.float32)
+            logprobs[i] *= response_mask[i]  # observation tokens carry no rollout log-prob
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
     version = torch.tensor(rollout.policy_version, dtype=torch.long) if rollout.policy_version else None
     return Batch(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, responses=responses,

@@ -176,7 +176,8 @@ class AgentConfig(_Section):
     max_observation_tokens: int = Field(64, gt=0, description="tool output tokens kept per call (the rest is cut)")
     max_parallel_tools: int = Field(2, ge=1, description="tool runs in flight at once across a batch")
     system_prompt: str | None = Field(None, description=(
-        "system message put before every prompt (explains the tool-call format); None: the rows' own messages"))
+        "system message put before every prompt (explains the tool-call format); 'builtin': "
+        "trainer.agent.prompts.TOOL_SYSTEM_PROMPT; None: the rows' own messages"))
     data_source: str | None = Field(None, description=(
         "score every row with this reward (e.g. 'retool': strict \\boxed{} + per-turn shaping); None: the rows' own"))
 

@@ -67,6 +67,12 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
         torch.set_num_threads(cfg.trainer.num_threads)
     torch.manual_seed(cfg.trainer.seed)
     train_rows, val_rows = load_split(cfg.data)
+    if cfg.agent.enable:  # tool-use prompts: the call format in a system message, the agent's reward
+        from trainer.agent.prompts import TOOL_SYSTEM_PROMPT, with_tool_prompt
+
+        system = TOOL_SYSTEM_PROMPT if cfg.agent.system_prompt == "builtin" else cfg.agent.system_prompt
+        train_rows, val_rows = (with_tool_prompt(rows, system_prompt=system, data_source=cfg.agent.data_source)
+                                for rows in (train_rows, val_rows))
     # Load data before the model: a bad dataset path fails in a second, not after a model load.
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
     train = PromptDataset(train_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
@@ -94,6 +100,10 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
     actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature,
                   max_response_length=cfg.data.max_response_length, device=device)
     engine = build_engine(cfg, model, tokenizer, eos, device) if with_engine else None
+    if engine is not None and cfg.agent.enable:  # multi-turn tool use around the configured engine
+        from trainer.agent.loop import AgentRolloutEngine
+
+        engine = AgentRolloutEngine(engine, tokenizer, cfg.agent)
     return Components(cfg, tokenizer, actor, engine, ref, critic, train, val, device, eos)
 
 
@@ -108,11 +118,20 @@ def sampling_params(cfg: TrainerConfig, eos_ids: list[int], *, validation: bool 
 
 def generate(engine: RolloutEngine, items: list[dict[str, Any]], params: SamplingParams, *, pad_token_id: int,
              max_response_length: int) -> Batch:
-    """Sample `params.n` responses per prompt item and pad them into a Batch (meta carries the rows)."""
+    """Sample `params.n` responses per prompt item and pad them into a Batch (meta carries the rows).
+
+    Multi-turn rollouts (the agent engine) also put each response's turn counts in meta
+    (`num_turns`, `tool_calls`, `tool_errors`) and `num_turns` into its extra_info (the ReTool reward).
+    """
     rollout = engine.generate([it["prompt_ids"] for it in items], params)
     batch = batch_from_rollout(rollout, pad_token_id=pad_token_id, max_response_length=max_response_length)
     batch.meta = {k: [items[g][k] for g in rollout.group_index] for k in ("data_source", "ground_truth", "extra_info")}
     batch.meta["finish_reason"] = rollout.finish_reasons
+    if rollout.turn_stats:
+        for key in ("num_turns", "tool_calls", "tool_errors"):
+            batch.meta[key] = [st[key] for st in rollout.turn_stats]
+        batch.meta["extra_info"] = [{**(extra or {}), "num_turns": st["num_turns"]}
+                                    for extra, st in zip(batch.meta["extra_info"], rollout.turn_stats)]
     return batch
 
 
@@ -164,7 +183,20 @@ def generate_scored_batch(c: Components, items_fn: Any) -> tuple[Batch, dict[str
         groups = torch.unique(batch.group_index)[:want]
         batch = batch.select(torch.isin(batch.group_index, groups).nonzero().squeeze(-1))
         stats = {"train/num_gen_batches": float(num_gen), "train/kept_groups": float(groups.numel())}
+    stats.update(turn_metrics(batch))
     return batch, stats
+
+
+def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
+    """`num_turns/mean|max|min`, `agent/tool_calls/mean`, `agent/tool_errors/mean` of a multi-turn batch ({} otherwise)."""
+    if "num_turns" not in batch.meta:
+        return {}
+    turns = torch.tensor(batch.meta["num_turns"], dtype=torch.float32)  # [N]
+    calls = torch.tensor(batch.meta["tool_calls"], dtype=torch.float32)  # [N]
+    errors = torch.tensor(batch.meta["tool_errors"], dtype=torch.float32)  # [N]
+    return {f"{prefix}num_turns/mean": float(turns.mean()), f"{prefix}num_turns/max": float(turns.max()),
+            f"{prefix}num_turns/min": float(turns.min()), f"{prefix}agent/tool_calls/mean": float(calls.mean()),
+            f"{prefix}agent/tool_errors/mean": float(errors.mean())}
 
 
 @torch.no_grad()
@@ -177,6 +209,7 @@ def validate(c: Components) -> dict[str, float]:
     acc_by_ds: dict[str, list[float]] = defaultdict(list)
     score_by_ds: dict[str, list[float]] = defaultdict(list)
     lengths: list[float] = []
+    turns: list[float] = []
     for items in c.val_data:
         batch = generate(c.engine, items, params, pad_token_id=c.tokenizer.pad_token_id,
                          max_response_length=cfg.data.max_response_length)
@@ -185,8 +218,11 @@ def validate(c: Components) -> dict[str, float]:
             acc_by_ds[ds].append(a)
             score_by_ds[ds].append(s)
         lengths += batch.response_mask.sum(-1).tolist()
+        turns += [float(t) for t in batch.meta.get("num_turns", [])]
     n = params.n
     out = {f"val-core/{ds}/acc/mean@{n}": sum(v) / len(v) for ds, v in acc_by_ds.items()}
     out.update({f"val-aux/{ds}/reward/mean@{n}": sum(v) / len(v) for ds, v in score_by_ds.items()})
     out["val-aux/response_length/mean"] = sum(lengths) / max(len(lengths), 1)
+    if turns:
+        out["val-aux/num_turns/mean"] = sum(turns) / len(turns)
     return out

@@ -41,6 +41,10 @@ class Rollout:
     finish_reasons: list[str]  # "stop" (EOS / stop token) or "length" (hit max_new_tokens)
     group_index: list[int]  # which prompt (0..num_prompts-1) each response belongs to
     policy_version: list[int] = field(default_factory=list)  # weights version per response (async)
+    # Multi-turn tool use (trainer/agent): 1 = token the policy sampled, 0 = tool-observation token
+    # (not trained on, log-prob 0). Empty: every response token was sampled.
+    response_mask: list[list[int]] = field(default_factory=list)
+    turn_stats: list[dict[str, int]] = field(default_factory=list)  # per response: num_turns, tool_calls, tool_errors
 
     def __len__(self) -> int:
         return len(self.response_ids)

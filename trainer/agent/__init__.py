@@ -1,0 +1,17 @@
+"""Multi-turn tool use (ReTool): tool-call parsing, a sandboxed Python tool, and the agent rollout loop.
+
+    tool_call.py  parse <tool_call>{...}</tool_call>, validate against the tool schema
+    sandbox.py    run Python in a resource-limited subprocess
+    loop.py       AgentRolloutEngine: generate -> run tool -> append masked observation -> continue
+    prompts.py    the tool-format system prompt and row rewriting
+
+Enable with `agent.enable=true` (see `trainer.config.AgentConfig`).
+"""
+
+from trainer.agent.loop import AgentRolloutEngine
+from trainer.agent.prompts import TOOL_SYSTEM_PROMPT, with_tool_prompt
+from trainer.agent.sandbox import ToolResult, format_observation, run_python
+from trainer.agent.tool_call import ToolCall, parse_tool_calls
+
+__all__ = ["AgentRolloutEngine", "TOOL_SYSTEM_PROMPT", "ToolCall", "ToolResult", "format_observation",
+           "parse_tool_calls", "run_python", "with_tool_prompt"]
