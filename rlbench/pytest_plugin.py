@@ -33,6 +33,7 @@ suite, profile or metric. Only the references that list a profile become its ite
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -101,11 +102,15 @@ class RLBenchState:
     report_written: bool = False
     terminal: Any = None  # pytest's terminal reporter: status lines reach the user while output is captured
 
+    capture: Any = None  # pytest's capture manager, suspended while a status line is written
+
     def status(self, line: str) -> None:
-        if self.terminal is not None:
-            self.terminal.write_line(f"[rlbench] {line}")
-        else:
+        if self.terminal is None:
             print(f"[rlbench] {line}", file=sys.stderr, flush=True)
+            return
+        ctx = self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext()
+        with ctx:
+            self.terminal.write_line(f"[rlbench] {line}")
 
     def unmet(self, suite: Suite, profile: str) -> list[str]:
         if self.logs is not None:
@@ -162,6 +167,7 @@ def _log_paths(logs: Path, suite: Suite, profile: str) -> dict[str, Path]:
     return out
 
 
+@pytest.hookimpl(trylast=True)  # after the terminal reporter and capture manager are registered
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "rlbench: a check of a case-study suite (suites/*.yaml)")
     for p in PROFILE_NAMES:
@@ -196,6 +202,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.device_name = state.machine["device_name"]
         state.env = {**env, "arch": state.arch}
     state.terminal = config.pluginmanager.get_plugin("terminalreporter")
+    state.capture = config.pluginmanager.get_plugin("capturemanager")
     config.stash[_STATE] = state
 
 

@@ -78,6 +78,7 @@ def test_rlbench_logs_pass(project: pytest.Pytester) -> None:
     outcomes = res.parseoutcomes()
     assert outcomes["passed"] == 11 and outcomes.get("failed", 0) == 0  # the suite's 11 full references
     assert "no logs for verl_dapo_qwen25_math_7b_fully_async_gfx942 [full]" in res.stdout.str()
+    assert f"[rlbench] {SUITE} [full]: PASS (15 results)" in res.stdout.str()  # status line, not captured
     html = report.read_text()
     assert "Plotly.newPlot" in html and "Qwen3-8B" in html
     assert (project.path / "runs" / SUITE / "full" / "checks.json").is_file()
