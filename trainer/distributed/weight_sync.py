@@ -73,7 +73,7 @@ class SyncGroup:
         self.backend = "nccl" if device.type == "cuda" and hasattr(dist, "ProcessGroupNCCL") else "gloo"
         if self.backend == "nccl":
             self.pg = dist.ProcessGroupNCCL(prefix, rank, world_size)
-        else:  # CPU workers; a CUDA tensor is staged through host memory
+        else:  # CPU workers (or a torch without NCCL): a CUDA tensor is staged through host memory
             self.pg = dist.ProcessGroupGloo(prefix, rank, world_size, timeout)
         self._store = store  # the master's store must outlive the group
 
