@@ -1,8 +1,12 @@
-"""Multi-worker execution: Ray actors and placement, data-parallel sharding, weight sync.
+"""Multi-worker execution on Ray: actors and placement, data-parallel sharding, weight sync.
 
-- `cluster.py`   start/join a Ray cluster, placement groups, worker-death errors
-- `sharding.py`  split a global batch over N data-parallel trainer workers
-- `weight_sync.py` bucketed broadcast of the trainer's weights to rollout workers
-- `workers.py`   the Ray actors: `TrainerWorker` (FSDP2 policy, optional colocated engine)
-                 and `RolloutWorker` (engine, streaming generation for the fully-async mode)
+- `cluster.py`        start/join a Ray cluster, placement groups, dead-worker errors
+- `sharding.py`       split a global batch over N data-parallel trainer workers
+- `weight_sync.py`    bucketed broadcast of the trainer's weights to rollout workers
+- `trainer_worker.py` `TrainerWorker` actor: FSDP2 policy rank, optional colocated engine
+- `trainer_group.py`  driver-side handle on N trainer workers; advantages and step metrics
+- `rollout_worker.py` `RolloutWorker` actor: streaming, staleness-bounded generation (fully-async)
+- `colocated_ray.py`  the colocated loop over Ray workers (several devices, or trainer.use_ray)
+
+The fully-async loop itself is `trainer/modes/fully_async.py`.
 """
