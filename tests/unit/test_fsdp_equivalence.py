@@ -113,3 +113,14 @@ def test_two_fsdp_workers_match_one_worker(mode: str, two_worker_results: dict):
         torch.testing.assert_close(have, want, rtol=1e-5, atol=1e-6, msg=f"{name} differs ({mode})")
         moved = max(moved, float((want - init_state[name]).abs().max()))
     assert moved > 1e-4  # the update did something, so agreement is not trivially "nothing changed"
+
+
+def test_uneven_sharding_is_a_config_error_naming_the_field():
+    from trainer.distributed.sharding import check_divisible
+    from trainer.errors import ConfigError
+
+    check_divisible(num_prompts=8, n=4, mini_batch_size=4, world_size=2)  # fine: 2 prompts per worker
+    with pytest.raises(ConfigError, match="actor.ppo_mini_batch_size=6 must be a multiple of the 4 trainer workers"):
+        check_divisible(num_prompts=12, n=4, mini_batch_size=6, world_size=4)
+    with pytest.raises(ConfigError, match="not a multiple of actor.ppo_mini_batch_size=4"):
+        check_divisible(num_prompts=10, n=4, mini_batch_size=4, world_size=2)
