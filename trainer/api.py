@@ -28,6 +28,10 @@ def train(cfg: TrainerConfig) -> Path:
         from trainer.modes.fully_async import train_fully_async
 
         return train_fully_async(cfg)
+    from trainer.distributed.colocated_ray import train_colocated_ray, uses_ray
+
+    if uses_ray(cfg):  # several devices (or trainer.use_ray): Ray workers with FSDP2 across them
+        return train_colocated_ray(cfg)
     from trainer.modes.colocated import train_colocated
     from trainer.steps import build_components
 

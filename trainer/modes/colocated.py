@@ -56,11 +56,8 @@ def _resume(c: Components, writer: MetricsWriter) -> int:
 
 
 def train_colocated(c: Components) -> Path:
+    """The single-process colocated loop (several devices go through `trainer/distributed/colocated_ray.py`)."""
     cfg = c.cfg
-    from trainer.distributed.colocated_ray import train_colocated_ray, uses_ray
-
-    if uses_ray(cfg):  # several devices (or trainer.use_ray): Ray workers, FSDP2 across them
-        return train_colocated_ray(cfg)
     out_dir = Path(cfg.trainer.out_dir)
     writer = MetricsWriter(out_dir / "metrics.jsonl")
     start = _resume(c, writer)
