@@ -44,6 +44,22 @@ def test_unsupported_pieces_fail_before_any_worker_starts(tmp_path: Path):
     from trainer.distributed.colocated_ray import train_colocated_ray
 
     cfg = load_config("trainer/configs/grpo_tiny_arithmetic.yaml", [
-        f"trainer.out_dir={tmp_path}", "trainer.use_ray=true", "actor.use_kl_loss=true"])
-    with pytest.raises(ConfigError, match="actor.use_kl_loss"):
+        f"trainer.out_dir={tmp_path}", "trainer.use_ray=true", "algorithm.name=ppo", "algorithm.adv_estimator=gae",
+        "critic.enable=true"])
+    with pytest.raises(ConfigError, match="critic.enable"):
         train_colocated_ray(cfg)
+
+
+def test_kl_loss_against_the_reference_on_two_workers(tmp_path: Path):
+    """The reference policy lives on the trainer workers (sharded like the policy): at step 1 the policy still
+    equals the reference, so KL(policy || ref) is 0 on the first mini-batch and the loss is logged every step."""
+    from trainer.distributed.colocated_ray import train_colocated_ray
+
+    cfg = load_config("trainer/configs/grpo_tiny_arithmetic.yaml", [
+        f"trainer.out_dir={tmp_path}", "trainer.use_ray=true", "trainer.n_gpus_per_node=2", "trainer.progress=false",
+        "trainer.save_freq=0", "trainer.total_steps=2", "trainer.test_freq=0", "actor.use_kl_loss=true",
+        "actor.kl_loss_coef=0.1", "actor.ppo_mini_batch_size=2", "actor.entropy_coeff=0.01"])
+    rows = {r["step"]: r["data"] for r in read_metrics(train_colocated_ray(cfg))}
+    assert sorted(rows) == [1, 2]
+    assert all(math.isfinite(rows[s]["actor/kl_loss"]) and rows[s]["timing_s/ref"] > 0 for s in (1, 2))
+    assert rows[2]["actor/kl_loss"] > 0  # two optimizer steps later the policy has left the reference

@@ -76,25 +76,30 @@ class Actor:
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
 
     # ------------------------------------------------------------------ inference
-    def _logprobs(self, micro: Batch, *, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    def _logprobs(self, micro: Batch, *, with_entropy: bool = False, model: torch.nn.Module | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """`(logprobs [n, R], entropy [n, R])`; an FSDP2-sharded model enters through its root forward."""
         from trainer.backends.fsdp import is_sharded, sharded_response_logprobs
 
-        fn = sharded_response_logprobs if is_sharded(self.model) else response_logprobs
+        model = self.model if model is None else model
+        fn = sharded_response_logprobs if is_sharded(model) else response_logprobs
         # mixed precision: fp32 master weights and optimizer state, bf16 matmuls (log-softmax stays fp32)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision == "bf16"):
-            return fn(self.model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
+            return fn(model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
                       with_entropy=with_entropy)
 
     @torch.no_grad()
-    def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None) -> torch.Tensor:
-        """Log-probs `[N, R]` of the batch's responses under the current weights."""
-        self.model.eval()
+    def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None,
+                         model: torch.nn.Module | None = None) -> torch.Tensor:
+        """Log-probs `[N, R]` of the batch's responses under the current weights (or under `model`,
+        e.g. the frozen reference policy, computed the same way)."""
+        model = self.model if model is None else model
+        model.eval()
         size = micro_batch_size or self.cfg.ppo_micro_batch_size_per_gpu
         out = []
         for micro in batch.chunks(size):
             micro = micro.to(self.device)
-            logp, _ = self._logprobs(micro)
+            logp, _ = self._logprobs(micro, model=model)
             out.append(logp.float().cpu())
         return torch.cat(out)
 
@@ -165,6 +170,9 @@ class Actor:
                         mb_stats[k] += float(pg_m[k]) * w
                     if tis is not None:
                         mb_stats["actor/tis_weight_mean"] += masked_mean(tis, mask).item() * w
+                # each worker's statistics are its share of the mini-batch's (normalized by the global
+                # counts), so their sum over the data-parallel workers is the mini-batch value
+                mb_stats = _all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)}, self.device)
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
                 grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
                 if torch.isfinite(grad_norm):

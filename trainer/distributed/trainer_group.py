@@ -62,6 +62,8 @@ class TrainerGroup:
         metrics = dict(outs[0]["metrics"])
         metrics["timing_s/old_log_prob"] = max(o["timing_s/old_log_prob"] for o in outs)
         metrics["timing_s/update_actor"] = max(o["timing_s/update_actor"] for o in outs)
+        if "timing_s/ref" in outs[0]:
+            metrics["timing_s/ref"] = max(o["timing_s/ref"] for o in outs)
         return metrics
 
     def call_all(self, method: str, *args: Any, context: str = "") -> list[Any]:

@@ -35,9 +35,6 @@ def check_supported(cfg: TrainerConfig) -> None:
     if cfg.critic.enable:
         raise ConfigError("critic.enable: the Ray/fully-async path trains no value model yet (fix: use the "
                           "single-process colocated mode for PPO with a critic)")
-    if cfg.actor.use_kl_loss:
-        raise ConfigError("actor.use_kl_loss: the Ray/fully-async path keeps no reference model yet (fix: set "
-                          "actor.use_kl_loss=false or use the single-process colocated mode)")
     if cfg.rollout.engine != "hf":
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the Ray path runs the hf engine only "
                           f"(fix: set rollout.engine=hf)")
@@ -82,10 +79,14 @@ class TrainerWorker:
         if self.with_engine:
             self.engine = build_engine(cfg, copy.deepcopy(model), self.tokenizer, self.eos_ids, self.device)
             self.engine.generator.manual_seed(cfg.trainer.seed + 1000 * self.rank)  # ranks sample differently
+        # the frozen reference policy for the KL loss: a copy of the initial weights, sharded like the policy
+        self.ref = copy.deepcopy(model).requires_grad_(False) if cfg.actor.use_kl_loss else None
         if self.world_size > 1:
             model = shard_model(model, self.device)
+            self.ref = shard_model(self.ref, self.device) if self.ref is not None else None
         else:
             model.to(self.device)
+            self.ref = self.ref.to(self.device) if self.ref is not None else None
         self.actor = Actor(model, worker_actor_config(cfg.actor, self.world_size), temperature=cfg.rollout.temperature,
                            max_response_length=cfg.data.max_response_length, device=self.device)
         return {"rank": self.rank, "device": str(self.device), "load_s": time.perf_counter() - t0,
@@ -127,6 +128,10 @@ class TrainerWorker:
             piece.old_logprobs = self.actor.compute_logprobs(piece)
         else:
             reuse = True
+        t_ref = time.perf_counter()
+        if self.ref is not None:
+            piece.ref_logprobs = self.actor.compute_logprobs(piece, model=self.ref)
+            out["timing_s/ref"] = time.perf_counter() - t_ref
         t1 = time.perf_counter()
         metrics = self.actor.update(piece, n, reuse_forward_as_old=reuse)
         if self.device.type == "cuda":
@@ -136,7 +141,7 @@ class TrainerWorker:
             self.engine.wake_up()
         out["metrics"] = metrics
         out["old_logprobs"] = piece.old_logprobs
-        out["timing_s/old_log_prob"] = t1 - t0
+        out["timing_s/old_log_prob"] = t_ref - t0
         out["timing_s/update_actor"] = t2 - t1
         return out
 

@@ -95,7 +95,7 @@ def train_colocated(c: Components) -> Path:
             # 3. reference log-probs for the KL loss
             if c.ref is not None:
                 with timer("ref"):
-                    batch.ref_logprobs = _ref_logprobs(c, batch)
+                    batch.ref_logprobs = c.actor.compute_logprobs(batch, model=c.ref)
 
             # 4. values (PPO) and advantages
             if c.critic is not None:
@@ -147,16 +147,3 @@ def train_colocated(c: Components) -> Path:
 
 def _num_devices(cfg) -> int:
     return cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
-
-
-@torch.no_grad()
-def _ref_logprobs(c: Components, batch) -> torch.Tensor:
-    from trainer.ops.logprobs import response_logprobs
-
-    out = []
-    for micro in batch.chunks(c.cfg.actor.ppo_micro_batch_size_per_gpu):
-        micro = micro.to(c.device)
-        lp, _ = response_logprobs(c.ref, micro, temperature=c.cfg.rollout.temperature,
-                                  chunk_size=c.cfg.actor.logprob_chunk_size)
-        out.append(lp.float().cpu())
-    return torch.cat(out)
