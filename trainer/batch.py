@@ -49,7 +49,7 @@ class Batch:
     def __len__(self) -> int:
         return self.input_ids.shape[0]
 
-    def select(self, index: torch.Tensor | list[int]) -> "Batch":
+    def select(self, index: torch.Tensor | list[int]) -> Batch:
         """Rows `index` of every per-sequence field."""
         idx = torch.as_tensor(index, dtype=torch.long)
         out: dict[str, Any] = {}
@@ -63,11 +63,11 @@ class Batch:
                 out[f.name] = v
         return replace(self, **out)
 
-    def chunks(self, size: int) -> list["Batch"]:
+    def chunks(self, size: int) -> list[Batch]:
         """Consecutive slices of at most `size` rows."""
         return [self.select(list(range(i, min(i + size, len(self))))) for i in range(0, len(self), size)]
 
-    def to(self, device: torch.device | str) -> "Batch":
+    def to(self, device: torch.device | str) -> Batch:
         return replace(self, **{f.name: getattr(self, f.name).to(device) for f in fields(self)
                                 if isinstance(getattr(self, f.name), torch.Tensor)})
 

@@ -86,7 +86,7 @@ class AlgorithmConfig(_Section):
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
 
     @model_validator(mode="after")
-    def _ppo_needs_gae(self) -> "AlgorithmConfig":
+    def _ppo_needs_gae(self) -> AlgorithmConfig:
         if self.name == "ppo" and self.adv_estimator != "gae":
             raise ValueError("algorithm.name=ppo needs adv_estimator=gae (fix: set algorithm.adv_estimator=gae)")
         return self
@@ -196,7 +196,7 @@ class TrainerConfig(_Section):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
     @model_validator(mode="after")
-    def _cross_checks(self) -> "TrainerConfig":
+    def _cross_checks(self) -> TrainerConfig:
         if self.data.train_batch_size % self.actor.ppo_mini_batch_size:
             raise ValueError(
                 f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} must divide "

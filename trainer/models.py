@@ -21,8 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, PreTrainedModel,
-                          PreTrainedTokenizerBase, Qwen2Config, Qwen3Config)
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from trainer.config import ModelConfig
 from trainer.errors import ModelError

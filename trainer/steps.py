@@ -18,11 +18,10 @@ from trainer.algorithms.dapo import dynamic_sampling_keep, overlong_reward_penal
 from trainer.backends.actor import Actor
 from trainer.backends.critic import Critic
 from trainer.batch import Batch, batch_from_rollout, concat_batches
-from trainer.config import TrainerConfig
-from trainer.config import DataConfig
+from trainer.config import DataConfig, TrainerConfig
 from trainer.data.dataset import PromptDataset, load_rows
 from trainer.data.synthetic import SPEC_PREFIX, ensure_synthetic, load_synthetic
-from trainer.models import eos_token_ids, load_model_and_tokenizer, resolve_dtype
+from trainer.models import eos_token_ids, load_model_and_tokenizer
 from trainer.rewards import compute_score
 from trainer.rollout.base import RolloutEngine, SamplingParams
 from trainer.rollout.registry import build_engine

@@ -22,10 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from trainer.api import train  # noqa: E402
-from trainer.config import load_config  # noqa: E402
-from trainer.metrics import read_metrics  # noqa: E402
-from trainer.platform import collect_env  # noqa: E402
+from trainer.api import train
+from trainer.config import load_config
+from trainer.metrics import read_metrics
+from trainer.platform import collect_env
 
 TARGET_S = 25.0
 

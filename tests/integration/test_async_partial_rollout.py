@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from trainer.config import ModelConfig
-from trainer.models import eos_token_ids, load_model_and_tokenizer
+from trainer.models import load_model_and_tokenizer
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.hf import HFRolloutEngine
 

@@ -75,7 +75,7 @@ def test_same_seed_same_samples_and_weights_update_changes_output() -> None:
     model, tok, eos = _model()
     prompts = [tok.encode(p) for p in PROMPTS[:2]]
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=5)
-    mk = lambda: StaticRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=eos, seed=7)  # noqa: E731
+    mk = lambda: StaticRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=eos, seed=7)
     assert mk().generate(prompts, params).response_ids == mk().generate(prompts, params).response_ids
     eng = mk()
     greedy = SamplingParams(greedy=True, max_new_tokens=5)
@@ -109,7 +109,7 @@ def test_batches_larger_than_the_biggest_bucket_are_split() -> None:
 
 def test_filter_keeps_top_k_and_top_p_sets() -> None:
     scaled = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05]]))
-    keep = lambda **kw: torch.isfinite(_filter(scaled, SamplingParams(**kw)))[0].tolist()  # noqa: E731
+    keep = lambda **kw: torch.isfinite(_filter(scaled, SamplingParams(**kw)))[0].tolist()
     assert keep(top_k=2) == [True, True, False, False]
     assert keep(top_p=0.7) == [True, True, False, False]  # 0.5 < 0.7, the token crossing 0.7 is kept
     assert keep(top_p=0.4) == [True, False, False, False]

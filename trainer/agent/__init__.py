@@ -13,5 +13,13 @@ from trainer.agent.prompts import TOOL_SYSTEM_PROMPT, with_tool_prompt
 from trainer.agent.sandbox import ToolResult, format_observation, run_python
 from trainer.agent.tool_call import ToolCall, parse_tool_calls
 
-__all__ = ["AgentRolloutEngine", "TOOL_SYSTEM_PROMPT", "ToolCall", "ToolResult", "format_observation",
-           "parse_tool_calls", "run_python", "with_tool_prompt"]
+__all__ = [
+           "TOOL_SYSTEM_PROMPT",
+           "AgentRolloutEngine",
+           "ToolCall",
+           "ToolResult",
+           "format_observation",
+           "parse_tool_calls",
+           "run_python",
+           "with_tool_prompt",
+]

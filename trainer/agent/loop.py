@@ -39,9 +39,10 @@ the fully-async mode is not supported (the config rejects it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 
@@ -94,7 +95,7 @@ class AgentRolloutEngine(RolloutEngine):
     # ------------------------------------------------------------ the loop
     def cut_at_tool_call(self, tokens: list[int]) -> int | None:
         """Length of the shortest prefix of `tokens` whose text contains ``</tool_call>``; None if none does."""
-        decode = lambda k: self.tokenizer.decode(tokens[:k], skip_special_tokens=False)  # noqa: E731
+        decode = lambda k: self.tokenizer.decode(tokens[:k], skip_special_tokens=False)
         if TOOL_CALL_CLOSE not in decode(len(tokens)):
             return None
         lo, hi = 1, len(tokens)  # invariant: the prefix of length hi contains the tag

@@ -37,9 +37,9 @@ from trainer.algorithms.policy_loss import compute_policy_loss, compute_value_lo
 
 __all__ = [
     "ADVANTAGE_ESTIMATORS",
-    "AdvantageEstimator",
     "KL_KINDS",
     "LOSS_AGG_MODES",
+    "AdvantageEstimator",
     "agg_loss",
     "apply_kl_in_reward",
     "check_kl_kind",

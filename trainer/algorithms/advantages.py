@@ -32,8 +32,8 @@ The math runs in fp32 under `torch.no_grad()`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 

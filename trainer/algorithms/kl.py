@@ -46,7 +46,7 @@ _K3_BOUND = 10.0
 
 def check_kl_kind(kind: str, *, field: str = "actor.kl_loss_type") -> str:
     """Return the canonical estimator name of `kind` (without '+'); raise ConfigError if unknown."""
-    base = kind[:-1] if kind.endswith("+") else kind
+    base = kind.removesuffix("+")
     if base not in _KIND_ALIASES:
         raise ConfigError(
             f"{field}: unknown KL estimator {kind!r}; use one of {', '.join(_KIND_ALIASES)} "

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Iterator
+from collections.abc import Iterator
 
 import torch
 import torch.distributed as dist
@@ -39,8 +39,8 @@ from trainer.batch import Batch
 from trainer.config import ActorConfig
 from trainer.errors import ConfigError
 from trainer.ops.flops import batch_seqlens, mfu, train_flops
-from trainer.platform import peak_bf16_tflops
 from trainer.ops.logprobs import response_logprobs
+from trainer.platform import peak_bf16_tflops
 
 
 def dp_world() -> tuple[int, int]:

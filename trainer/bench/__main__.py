@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
     ceil = {"copy_gbps": float("nan"), "bf16_matmul_tflops": float("nan")}
     summary: list[str] = []
 
-    def run(name: str, fn) -> Any:  # noqa: ANN001
+    def run(name: str, fn) -> Any:
         t0 = time.perf_counter()
         try:
             res = fn()

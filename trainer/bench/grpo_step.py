@@ -110,15 +110,15 @@ def trl(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: in
     lengths: list[float] = []
 
     class Timer(TrainerCallback):
-        def on_step_begin(self, args, state, control, **kw):  # noqa: ANN001
+        def on_step_begin(self, args, state, control, **kw):
             sync()
             self.t0 = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kw):  # noqa: ANN001
+        def on_step_end(self, args, state, control, **kw):
             sync()
             times.append(time.perf_counter() - self.t0)
 
-        def on_log(self, args, state, control, logs=None, **kw):  # noqa: ANN001
+        def on_log(self, args, state, control, logs=None, **kw):
             if logs and "completions/mean_length" in logs:
                 lengths.append(float(logs["completions/mean_length"]))
 

@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -127,7 +128,7 @@ def bench_rollout(shape: str, batches: list[int], *, prompt_len: int, new_tokens
             engine.sleep()
         if "hf_generate" in engines:
             ids = torch.tensor(prompts, device=device)
-            gen = lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,  # noqa: E731
+            gen = lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
                                          temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=new_tokens,
                                          min_new_tokens=new_tokens, pad_token_id=0)
             times, _ = timed(gen, repeats=1, warmup=1)

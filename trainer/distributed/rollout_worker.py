@@ -237,7 +237,7 @@ class RolloutWorker:
                 self.cond.notify_all()
 
     def _generate(self, groups: list[_Group], params: Any) -> None:
-        stop = lambda: self.interrupt  # noqa: E731  (read by the decode loop before every step)
+        stop = lambda: self.interrupt
         n = self.cfg.rollout.n
         if groups[0].ids:  # continuing interrupted groups: only their unfinished responses
             where = [(gi, j) for gi, g in enumerate(groups) for j in range(n) if g.finish[j] == "abort"]

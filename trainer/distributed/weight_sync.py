@@ -18,9 +18,9 @@ receiver unpacks each bucket as it arrives (`receive` is a generator, consumed b
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Iterable, Iterator
 
 import torch
 import torch.distributed as dist

@@ -18,8 +18,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-import torch
-
 from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint

@@ -54,7 +54,14 @@ def _groups_needed(cfg: TrainerConfig) -> tuple[int, int]:
 def train_fully_async(cfg: TrainerConfig) -> Path:
     import ray
 
-    from trainer.distributed.cluster import WorkerDiedError, bundle_options, get, init_ray, placement_group_for, uses_gpu
+    from trainer.distributed.cluster import (
+        WorkerDiedError,
+        bundle_options,
+        get,
+        init_ray,
+        placement_group_for,
+        uses_gpu,
+    )
     from trainer.distributed.rollout_worker import RolloutWorker, merge_groups
     from trainer.distributed.trainer_group import TrainerGroup, add_advantages, step_metrics
     from trainer.distributed.trainer_worker import check_supported

@@ -14,7 +14,8 @@ causal half. MFU = flops / (seconds * peak), the peak being the device's dense b
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 

@@ -9,8 +9,8 @@ measured (`training/rollout_probs_diff_*`, and `actor/ppo_kl` at the first mini-
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 import torch
 

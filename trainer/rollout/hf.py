@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel

@@ -32,8 +32,9 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -292,7 +293,7 @@ class StaticRolloutEngine(RolloutEngine):
         key = (b, s, r)
         if key not in self._slots:
             dev = self.device
-            z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=dev)  # noqa: E731
+            z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=dev)
             self._slots[key] = _Slot(
                 cache=torch.zeros(self.n_layers, 2, b, self.n_kv, s, self.head_dim, dtype=self.dtype, device=dev),
                 tokens=z(b), pos=z(b), col=z(1), t=z(1), pad_left=z(b), done=z(b, dt=torch.bool),
