@@ -32,7 +32,6 @@ keys come with difflib suggestions, bad enum values list the choices).
 
 from __future__ import annotations
 
-import copy
 import difflib
 import os
 import re
@@ -50,6 +49,7 @@ from pydantic import (
     model_validator,
 )
 
+from trainer.config import deep_merge
 from trainer.errors import ConfigError
 
 ModeName = Literal["colocated", "fully_async"]
@@ -371,17 +371,6 @@ class Suite(_Strict):
 
 
 # ---------------------------------------------------------------------------- helpers
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Recursively merge `over` into a copy of `base`; mappings merge, everything else replaces."""
-    out = copy.deepcopy(base)
-    for k, v in over.items():
-        if isinstance(v, dict) and isinstance(out.get(k), dict):
-            out[k] = deep_merge(out[k], v)
-        else:
-            out[k] = copy.deepcopy(v)
-    return out
-
-
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from typing import Any
 
 from trainer.config import TrainerConfig
@@ -26,6 +27,14 @@ _PASS_ENV = ("OMP_NUM_THREADS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULT
 
 class WorkerDiedError(RLBenchError):
     """A Ray worker (rollout or trainer) died; the run stops and keeps the metrics written so far."""
+
+
+def write_failure(out_dir: Path, error: Exception, step: int) -> None:
+    """Record why a run ended early (`failure.json` beside metrics.jsonl): the error and the steps that completed."""
+    import json
+
+    (out_dir / "failure.json").write_text(json.dumps({"error": str(error), "failed_step": step,
+                                                      "completed_steps": max(step - 1, 0)}, indent=2))
 
 
 def uses_gpu(cfg: TrainerConfig) -> bool:

@@ -68,7 +68,7 @@ def validate_on(group: Any, val_data: Any, cfg: TrainerConfig, pad_token_id: int
 
 def train_colocated_ray(cfg: TrainerConfig) -> Path:
     from trainer.data.dataset import PromptDataset
-    from trainer.distributed.cluster import WorkerDiedError, init_ray, uses_gpu
+    from trainer.distributed.cluster import WorkerDiedError, init_ray, uses_gpu, write_failure
     from trainer.distributed.trainer_group import TrainerGroup, add_advantages, step_metrics
     from trainer.distributed.trainer_worker import check_supported
     from trainer.models import load_tokenizer
@@ -138,10 +138,7 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
         progress.close()
     except WorkerDiedError as e:
         progress.close()
-        import json
-
-        (out_dir / "failure.json").write_text(json.dumps({"error": str(e), "failed_step": step,
-                                                          "completed_steps": max(step - 1, 0)}, indent=2))
+        write_failure(out_dir, e, step)
         raise
     finally:
         if group is not None:

@@ -32,7 +32,6 @@ Not yet: resuming from a checkpoint, more than one rollout worker, a critic or r
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from pathlib import Path
@@ -61,6 +60,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         init_ray,
         placement_group_for,
         uses_gpu,
+        write_failure,
     )
     from trainer.distributed.rollout_worker import RolloutWorker, merge_groups
     from trainer.distributed.trainer_group import TrainerGroup, add_advantages, step_metrics
@@ -174,8 +174,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         get(rollouter.stop.remote(), what="rollout worker", context="while stopping")
     except WorkerDiedError as e:
         progress.close()
-        (out_dir / "failure.json").write_text(json.dumps({"error": str(e), "failed_step": step,
-                                                          "completed_steps": max(step - 1, 0)}, indent=2))
+        write_failure(out_dir, e, step)
         raise
     finally:
         for handle in ([rollouter] if rollouter is not None else []):

@@ -9,6 +9,7 @@ measured (`training/rollout_probs_diff_*`, and `actor/ppo_kl` at the first mini-
 from __future__ import annotations
 
 import abc
+import copy
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -48,6 +49,17 @@ class Rollout:
 
     def __len__(self) -> int:
         return len(self.response_ids)
+
+
+def engine_model(model: torch.nn.Module, *, dtype: torch.dtype | None, device: torch.device | str | None,
+                 share_weights: bool) -> torch.nn.Module:
+    """The engine's frozen copy of the policy (the policy itself with `share_weights`), in `dtype` on `device`."""
+    model = model if share_weights else copy.deepcopy(model)
+    if dtype is not None:
+        model.to(dtype)
+    if device is not None:
+        model.to(device)
+    return model.eval().requires_grad_(False)
 
 
 class RolloutEngine(abc.ABC):

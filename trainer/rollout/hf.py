@@ -16,14 +16,13 @@ The engine owns its copy of the weights (possibly in another dtype than the trai
 
 from __future__ import annotations
 
-import copy
 import warnings
 from collections.abc import Callable, Iterable
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
+from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, engine_model
 
 # transformers 5.x renames `past_key_values` to `cache`; the old name works across 4.56-5.x.
 warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")
@@ -58,13 +57,7 @@ class HFRolloutEngine(RolloutEngine):
 
     def __init__(self, model: PreTrainedModel, *, pad_token_id: int, eos_token_ids: list[int], seed: int = 0,
                  dtype: torch.dtype | None = None, device: torch.device | str | None = None, share_weights: bool = False):
-        self.model = model if share_weights else copy.deepcopy(model)
-        if dtype is not None:
-            self.model.to(dtype)
-        if device is not None:
-            self.model.to(device)
-        self.model.eval()
-        self.model.requires_grad_(False)
+        self.model = engine_model(model, dtype=dtype, device=device, share_weights=share_weights)
         self.device = next(self.model.parameters()).device
         self.pad_token_id = pad_token_id
         self.eos_token_ids = list(eos_token_ids)

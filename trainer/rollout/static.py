@@ -30,7 +30,6 @@ not modelled. On CPU the same code runs eagerly (no graph), which the unit tests
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.errors import ModelError
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
+from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, engine_model
 
 _MAX_STOP = 8  # stop-token slots in the captured step (more stop ids fall back to host-side checks)
 
@@ -111,13 +110,7 @@ class StaticRolloutEngine(RolloutEngine):
                  **kwargs: Any):
         opts = dict(getattr(cfg, "engine_kwargs", None) or {})
         opts.update(kwargs)
-        self.model = model if share_weights else copy.deepcopy(model)
-        if dtype is not None:
-            self.model.to(dtype)
-        if device is not None:
-            self.model.to(device)
-        self.model.eval()
-        self.model.requires_grad_(False)
+        self.model = engine_model(model, dtype=dtype, device=device, share_weights=share_weights)
         self.device = next(self.model.parameters()).device
         self.dtype = next(self.model.parameters()).dtype
         self.pad_token_id = pad_token_id
