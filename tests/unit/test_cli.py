@@ -172,10 +172,18 @@ def _fake_train(cfg) -> Path:
 
 
 @pytest.fixture()
-def fake_train(monkeypatch: pytest.MonkeyPatch) -> None:
+def fake_train(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     import trainer.api
 
     monkeypatch.setattr(trainer.api, "train", _fake_train)
+    _no_golden(monkeypatch, tmp_path)
+
+
+def _no_golden(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Golden values describe real runs, not the fake logs: look for them in an empty folder."""
+    import rlbench.golden
+
+    monkeypatch.setattr(rlbench.golden, "default_dir", lambda suite, ref: tmp_path / "no-golden")
 
 
 def test_run_writes_run_folder(tmp_path: Path, fake_train: None, capsys: pytest.CaptureFixture[str]) -> None:
@@ -211,6 +219,7 @@ def test_run_exit_1_on_failed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         return path
 
     monkeypatch.setattr(trainer.api, "train", big_kl)
+    _no_golden(monkeypatch, tmp_path)
     rc = cli.main(["run", SUITE, "--profile", "cpu", "--arch", "cpu", "--out", str(tmp_path),
                    "--set", "trainer.total_steps=6"])
     out = capsys.readouterr().out
