@@ -1,6 +1,6 @@
 # rlbench: the two commands of the README, plus the pieces they are made of.
 #
-#   make train    # install, then train SmolLM2-135M-Instruct with GRPO on synthetic addition (CPU, ~20-30 min)
+#   make train    # install, then train SmolLM2-135M-Instruct with GRPO on synthetic addition (2 CPU cores, ~10-15 min)
 #   make test     # install, then unit + integration tests and every suite's `cpu` profile
 #
 PYTHON ?= python3
