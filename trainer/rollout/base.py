@@ -62,6 +62,17 @@ def engine_model(model: torch.nn.Module, *, dtype: torch.dtype | None, device: t
     return model.eval().requires_grad_(False)
 
 
+@torch.no_grad()
+def copy_weights_in_place(params: dict[str, torch.Tensor], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy the trainer's tensors into an engine's own parameters (`params`: name -> parameter)."""
+    for name, tensor in named_tensors:
+        target = params.get(name)
+        if target is None:
+            raise KeyError(f"rollout engine has no parameter named {name}")
+        if target.data_ptr() != tensor.data_ptr():
+            target.copy_(tensor, non_blocking=True)
+
+
 class RolloutEngine(abc.ABC):
     """A sampler that holds a copy of the policy weights and can receive new ones."""
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, engine_model
+from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, copy_weights_in_place, engine_model
 
 # transformers 5.x renames `past_key_values` to `cache`; the old name works across 4.56-5.x.
 warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")
@@ -67,14 +67,8 @@ class HFRolloutEngine(RolloutEngine):
         self._params = dict(self.model.named_parameters())
 
     # ------------------------------------------------------------------ weights
-    @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        for name, tensor in named_tensors:
-            target = self._params.get(name)
-            if target is None:
-                raise KeyError(f"rollout engine has no parameter named {name}")
-            if target.data_ptr() != tensor.data_ptr():
-                target.copy_(tensor, non_blocking=True)
+        copy_weights_in_place(self._params, named_tensors)
         self.version += 1
 
     # ------------------------------------------------------------------ sampling

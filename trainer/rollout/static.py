@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.errors import ModelError
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, engine_model
+from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, copy_weights_in_place, engine_model
 
 _MAX_STOP = 8  # stop-token slots in the captured step (more stop ids fall back to host-side checks)
 
@@ -335,14 +335,8 @@ class StaticRolloutEngine(RolloutEngine):
         return self.generator
 
     # ------------------------------------------------------------------ weights
-    @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        for name, tensor in named_tensors:
-            target = self._params.get(name)
-            if target is None:
-                raise KeyError(f"rollout engine has no parameter named {name}")
-            if target.data_ptr() != tensor.data_ptr():
-                target.copy_(tensor, non_blocking=True)
+        copy_weights_in_place(self._params, named_tensors)
         self.version += 1
 
     def sleep(self) -> None:
