@@ -1,16 +1,38 @@
 """Rollout engine interface: sample responses and report the log-probability of every sampled token.
 
-Every engine (the built-in `hf` engine, `vllm`, `sglang`) returns, per sampled token, the
+Every engine (the built-in `hf` and `static` engines, `vllm`, `sglang`) returns, per sampled token, the
 log-probability the engine itself assigned to it under the *same* temperature scaling the trainer
 uses (`log_softmax(logits / temperature)`), so that the rollout-vs-trainer mismatch is always
 measured (`training/rollout_probs_diff_*`, and `actor/ppo_kl` at the first mini-batch).
+
+Two interfaces:
+
+- `RolloutEngine`: `generate(prompts, params)`, `update_weights(named_tensors)`, `sleep`/`wake_up`.
+- `InterruptibleEngine(RolloutEngine)`: engines whose decode loop runs under host control (`hf`,
+  `static`), which is what partial rollout (fully-async mode) needs. They implement one method,
+  `decode_rows(rows, budgets, params, should_stop)`, and inherit
+
+      generate(prompts, params, should_stop=fn)       # n rows per prompt; `fn()` is checked before
+                                                      # every decode step; when it returns True the
+                                                      # unfinished rows come back with finish reason
+                                                      # "abort" and the tokens (and log-probs) sampled so far
+      continue_generation(prompts, partial_ids, partial_logprobs, params, should_stop=fn)
+                                                      # one row per partial response: prefill
+                                                      # prompt + partial, sample at most
+                                                      # max_new_tokens - len(partial) more tokens under
+                                                      # the *current* weights; the partial tokens keep
+                                                      # the log-probs they were sampled with
+
+  Comparable across an interruption: with greedy decoding and unchanged weights, generate
+  interrupted after k steps and then continued gives the tokens of one uninterrupted call (the
+  log-probs agree up to the numerics of prefilling the partial tokens instead of decoding them).
 """
 
 from __future__ import annotations
 
 import abc
 import copy
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -91,3 +113,50 @@ class RolloutEngine(abc.ABC):
 
     def wake_up(self) -> None:
         """Re-acquire what `sleep` released."""
+
+
+class InterruptibleEngine(RolloutEngine):
+    """An engine with a host-driven decode loop: interruptible `generate` and `continue_generation`."""
+
+    version: int = 0  # policy version of the loaded weights (set by the caller in fully-async mode)
+
+    @abc.abstractmethod
+    def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                    should_stop: Callable[[], bool] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """Continue each token row (`params.n` is ignored) by at most `budgets[i]` sampled tokens.
+
+        Returns per row the new tokens, their log-probs and a finish reason: "stop" (the last token
+        is EOS or a stop token), "length" (the budget is used up) or "abort" (`should_stop()`
+        returned True before the row finished; it is checked before every decode step).
+        """
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 should_stop: Callable[[], bool] | None = None) -> Rollout:
+        """Sample `params.n` responses per prompt; `should_stop` interrupts (rows marked "abort")."""
+        n = params.n
+        rows = [list(p) for p in prompts for _ in range(n)]  # [B] prompts, each repeated n times
+        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop)
+        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows))
+
+    def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
+                            partial_logprobs: list[list[float]], params: SamplingParams, *,
+                            should_stop: Callable[[], bool] | None = None) -> Rollout:
+        """Resume interrupted responses (one row each; `params.n` is ignored) under the current weights.
+
+        Row i continues `prompts[i] + partial_ids[i]` for at most `max_new_tokens - len(partial_ids[i])`
+        tokens. The returned response is the partial one plus the new tokens; the partial tokens keep
+        the log-probs they were sampled with (`partial_logprobs`), the new ones get this engine's.
+        """
+        budgets = [params.max_new_tokens - len(p) for p in partial_ids]
+        if min(budgets, default=1) < 1:
+            raise ValueError("continue_generation: a partial response already has max_new_tokens tokens")
+        if any(len(lp) != len(p) for p, lp in zip(partial_ids, partial_logprobs)):
+            raise ValueError("continue_generation: partial_logprobs must have one log-prob per partial token")
+        rows = [list(p) + list(r) for p, r in zip(prompts, partial_ids)]
+        new_tokens, new_logps, finish = self.decode_rows(rows, budgets, params, should_stop)
+        return Rollout(prompt_ids=[list(p) for p in prompts],
+                       response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
+                       response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
+                       finish_reasons=finish, group_index=list(range(len(rows))),
+                       policy_version=[self.version] * len(rows))

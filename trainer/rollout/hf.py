@@ -11,7 +11,8 @@ to its n samples; finished rows are dropped from the batch as they finish, so la
 run on the rows still going.
 
 The engine owns its copy of the weights (possibly in another dtype than the trainer's);
-`update_weights` copies the trainer's tensors in place.
+`update_weights` copies the trainer's tensors in place. `generate(..., should_stop=)` and
+`continue_generation` (partial rollout) come from `InterruptibleEngine` (trainer/rollout/base.py).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, copy_weights_in_place, engine_model
+from trainer.rollout.base import InterruptibleEngine, SamplingParams, copy_weights_in_place, engine_model
 
 # transformers 5.x renames `past_key_values` to `cache`; the old name works across 4.56-5.x.
 warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")
@@ -52,7 +53,7 @@ def sample_next(logits: torch.Tensor, params: SamplingParams, generator: torch.G
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
-class HFRolloutEngine(RolloutEngine):
+class HFRolloutEngine(InterruptibleEngine):
     name = "hf"
 
     def __init__(self, model: PreTrainedModel, *, pad_token_id: int, eos_token_ids: list[int], seed: int = 0,
@@ -73,40 +74,8 @@ class HFRolloutEngine(RolloutEngine):
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                 should_stop: Callable[[], bool] | None = None) -> Rollout:
-        """Sample `params.n` responses per prompt. `should_stop` (checked before every decode step)
-        interrupts the batch: unfinished rows come back with finish reason "abort" and can be
-        resumed with `continue_generation`."""
-        n = params.n
-        rows = [p for p in prompts for _ in range(n)]  # [B] prompts, each repeated n times
-        tokens, logps, finish = self._decode(rows, [params.max_new_tokens] * len(rows), params, should_stop)
-        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows))
-
-    @torch.no_grad()
-    def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
-                            partial_logprobs: list[list[float]], params: SamplingParams, *,
-                            should_stop: Callable[[], bool] | None = None) -> Rollout:
-        """Resume interrupted responses (one row each; `params.n` is ignored) under the current weights.
-
-        Row i continues `prompts[i] + partial_ids[i]` for at most `max_new_tokens - len(partial_ids[i])`
-        tokens. The returned response is the partial one plus the new tokens; the partial tokens keep
-        the log-probs they were sampled with (`partial_logprobs`), the new ones get this engine's.
-        """
-        budgets = [params.max_new_tokens - len(p) for p in partial_ids]
-        if min(budgets, default=1) < 1:
-            raise ValueError("continue_generation: a partial response already has max_new_tokens tokens")
-        rows = [list(p) + list(r) for p, r in zip(prompts, partial_ids)]
-        new_tokens, new_logps, finish = self._decode(rows, budgets, params, should_stop)
-        return Rollout(prompt_ids=[list(p) for p in prompts],
-                       response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
-                       response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
-                       finish_reasons=finish, group_index=list(range(len(rows))),
-                       policy_version=[self.version] * len(rows))
-
-    def _decode(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
-                should_stop: Callable[[], bool] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                    should_stop: Callable[[], bool] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Left-pad `rows`, prefill once, decode until each row stops, exhausts its budget or is interrupted."""
         b = len(rows)
         p_len = max(len(r) for r in rows)

@@ -21,6 +21,16 @@ Sampling is the exponential race (equivalent to sampling from the categorical di
 Log-probs use the trainer's definition, `log_softmax(logits / T)` in fp32 (greedy: `T = 1`), of
 the unfiltered distribution; top-k / top-p only restrict what can be sampled, as in the `hf` engine.
 
+Partial rollout (fully-async mode) uses `generate(..., should_stop=fn)` and `continue_generation`
+from `InterruptibleEngine` (trainer/rollout/base.py); this engine supplies `decode_rows`. Each row
+carries its own token budget (`limit`, checked inside the captured step, so a continued row stops
+at `max_new_tokens` overall); `fn()` is checked on the host before every step, and the steps
+already queued on the device complete before the partial tokens are read back. Continuations
+(prompt + partial tokens, reduced budgets) round their response length up to `prompt_bucket` so
+few distinct shapes are captured; at most `max_slots` (engine_kwargs, default 4) buffer sets stay
+allocated, least recently used dropped first. `sleep` frees them (`free_on_sleep: false` keeps
+them when the device has room, so colocated runs do not re-capture every step).
+
 Departures: no continuous refill of finished rows (all rows of a batch decode in lock step; a
 finished row keeps decoding until the early-exit check sees every row done); sliding-window
 attention and non-default RoPE scaling beyond the module's `inv_freq` / `attention_scaling` are
@@ -31,7 +41,8 @@ not modelled. On CPU the same code runs eagerly (no graph), which the unit tests
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.errors import ModelError
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams, copy_weights_in_place, engine_model
+from trainer.rollout.base import InterruptibleEngine, SamplingParams, copy_weights_in_place, engine_model
 
 _MAX_STOP = 8  # stop-token slots in the captured step (more stop ids fall back to host-side checks)
 
@@ -68,6 +79,7 @@ class _Slot:
     t: torch.Tensor  # [1] long, index of the token the step samples
     pad_left: torch.Tensor  # [B] long, first real cache column of each row
     done: torch.Tensor  # [B] bool
+    limit: torch.Tensor  # [B] long, tokens each row may sample (the row is done when it has them)
     stop: torch.Tensor  # [_MAX_STOP] long, padded with -1
     out_tokens: torch.Tensor  # [B, R] long
     out_logps: torch.Tensor  # [B, R] float32
@@ -101,7 +113,7 @@ def _fuse(module: torch.nn.Module, names: list[str], attr: str) -> torch.Tensor 
     return fused
 
 
-class StaticRolloutEngine(RolloutEngine):
+class StaticRolloutEngine(InterruptibleEngine):
     name = "static"
 
     def __init__(self, model: torch.nn.Module, *, cfg: Any = None, pad_token_id: int, eos_token_ids: list[int],
@@ -125,11 +137,13 @@ class StaticRolloutEngine(RolloutEngine):
         self.buckets: list[int] = sorted(opts.get("batch_buckets", [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]))
         self.prompt_bucket: int = int(opts.get("prompt_bucket", 64 if on_cuda else 1))
         self.check_every: int = int(opts.get("check_every", 32 if on_cuda else 1))
+        self.max_slots: int = max(int(opts.get("max_slots", 4)), 1)  # (batch, length) buffers + graphs kept
+        self.free_on_sleep: bool = bool(opts.get("free_on_sleep", True))
         self.compile_s = 0.0  # seconds spent capturing graphs (reported apart from decode time)
         self.graph_error: str | None = None  # why graph capture failed, when it did
         self._build()
         self._params = dict(self.model.named_parameters())
-        self._slots: dict[tuple[int, int, int], _Slot] = {}
+        self._slots: OrderedDict[tuple[int, int, int], _Slot] = OrderedDict()  # least recently used first
 
     # ------------------------------------------------------------------ model plumbing
     def _build(self) -> None:
@@ -269,7 +283,7 @@ class StaticRolloutEngine(RolloutEngine):
         tok, logp = self._sample(logits, params)
         slot.out_tokens.index_copy_(1, slot.t, tok[:, None])
         slot.out_logps.index_copy_(1, slot.t, logp[:, None])
-        slot.done.logical_or_((tok[:, None] == slot.stop[None]).any(-1))
+        slot.done.logical_or_((tok[:, None] == slot.stop[None]).any(-1) | (slot.t + 1 >= slot.limit))
         slot.tokens.copy_(tok)
         slot.pos.add_(1)
         slot.col.add_(1)
@@ -284,12 +298,16 @@ class StaticRolloutEngine(RolloutEngine):
 
     def _slot(self, b: int, s: int, r: int) -> _Slot:
         key = (b, s, r)
-        if key not in self._slots:
+        if key in self._slots:
+            self._slots.move_to_end(key)
+        else:
+            while len(self._slots) >= self.max_slots:  # drop the least recently used buffers and graphs
+                self._slots.popitem(last=False)
             dev = self.device
             z = lambda *shape, dt=torch.long: torch.zeros(*shape, dtype=dt, device=dev)
             self._slots[key] = _Slot(
                 cache=torch.zeros(self.n_layers, 2, b, self.n_kv, s, self.head_dim, dtype=self.dtype, device=dev),
-                tokens=z(b), pos=z(b), col=z(1), t=z(1), pad_left=z(b), done=z(b, dt=torch.bool),
+                tokens=z(b), pos=z(b), col=z(1), t=z(1), pad_left=z(b), done=z(b, dt=torch.bool), limit=z(b),
                 stop=torch.full((_MAX_STOP,), -1, dtype=torch.long, device=dev), out_tokens=z(b, r),
                 out_logps=z(b, r, dt=torch.float32), graphs={})
         return self._slots[key]
@@ -340,35 +358,52 @@ class StaticRolloutEngine(RolloutEngine):
         self.version += 1
 
     def sleep(self) -> None:
+        """Free the KV caches and graphs (re-made on the next call), unless `free_on_sleep` is off."""
+        if not self.free_on_sleep:
+            return
         self._slots.clear()
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        rows = [p for p in prompts for _ in range(params.n)]
+    def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                    should_stop: Callable[[], bool] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """Decode `rows` in chunks of at most the largest batch bucket; an interrupt aborts the rest."""
         out_tokens: list[list[int]] = []
         out_logps: list[list[float]] = []
         finish: list[str] = []
         limit = self.buckets[-1]
+        stopped = False
         for start in range(0, len(rows), limit):
-            toks, lps, fin = self._generate_rows(rows[start:start + limit], params)
+            chunk = rows[start:start + limit]
+            if stopped:
+                toks, lps, fin = [[] for _ in chunk], [[] for _ in chunk], ["abort"] * len(chunk)
+            else:
+                toks, lps, fin, stopped = self._decode_chunk(chunk, budgets[start:start + limit], params, should_stop)
             out_tokens += toks
             out_logps += lps
             finish += fin
-        n = params.n
-        return Rollout(prompt_ids=rows, response_ids=out_tokens, response_logprobs=out_logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows))
+        return out_tokens, out_logps, finish
 
-    def _generate_rows(self, rows: list[list[int]], params: SamplingParams
-                       ) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    def _decode_chunk(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                      should_stop: Callable[[], bool] | None
+                      ) -> tuple[list[list[int]], list[list[float]], list[str], bool]:
+        """One bucketed batch: prefill, first token, decode steps until done, out of budget or interrupted.
+
+        Returns tokens, log-probs and finish reasons per real row, and whether `should_stop` fired.
+        """
         real = len(rows)
+        if should_stop is not None and should_stop():
+            return [[] for _ in rows], [[] for _ in rows], ["abort"] * real, True
         b = self._bucket(real)
         rows = rows + [rows[0]] * (b - real)  # filler rows (dropped below)
+        budgets = list(budgets) + [1] * (b - real)
+        max_budget = max(budgets[:real])
         p = max(len(r) for r in rows)
         p = -(-p // self.prompt_bucket) * self.prompt_bucket
-        r = params.max_new_tokens
+        # continuations have varied budgets: round up so few distinct (and so few captured) shapes arise
+        r = min(-(-max_budget // self.prompt_bucket) * self.prompt_bucket, max(params.max_new_tokens, max_budget))
         slot = self._slot(b, p + r, r)
         dev = self.device
         ids = torch.full((b, p), self.pad_token_id, dtype=torch.long)
@@ -381,6 +416,7 @@ class StaticRolloutEngine(RolloutEngine):
         host_stop = len(stop_ids) > _MAX_STOP
         slot.stop.fill_(-1)
         slot.stop[:min(len(stop_ids), _MAX_STOP)] = torch.tensor(stop_ids[:_MAX_STOP], dtype=torch.long, device=dev)
+        slot.limit.copy_(torch.tensor(budgets, dtype=torch.long))
         slot.out_tokens.zero_()
         slot.out_logps.zero_()
 
@@ -388,7 +424,7 @@ class StaticRolloutEngine(RolloutEngine):
         tok, logp = self._sample(logits, params)
         slot.out_tokens[:, 0] = tok
         slot.out_logps[:, 0] = logp
-        slot.done.copy_((tok[:, None] == slot.stop[None]).any(-1))
+        slot.done.copy_((tok[:, None] == slot.stop[None]).any(-1) | (slot.limit <= 1))
         slot.done[real:] = True
         slot.tokens.copy_(tok)
         slot.pos.copy_(attn.sum(-1))
@@ -396,18 +432,27 @@ class StaticRolloutEngine(RolloutEngine):
         slot.col.fill_(p)
         slot.t.fill_(1)
         step = self._replay_fn(slot, params)
-        for t in range(1, r):
-            step()
-            if not host_stop and (t % self.check_every == 0) and bool(slot.done.all()):
+        sampled, stopped = 1, False  # tokens sampled per row so far (the host counts the replays)
+        while sampled < max_budget:
+            if should_stop is not None and should_stop():
+                stopped = True
                 break
-        toks_all = slot.out_tokens[:real].tolist()
-        lps_all = slot.out_logps[:real].tolist()
+            step()
+            sampled += 1
+            if not host_stop and sampled % self.check_every == 0 and bool(slot.done.all()):
+                break
+        toks_all = slot.out_tokens[:real, :sampled].tolist()
+        lps_all = slot.out_logps[:real, :sampled].tolist()
         stop_set = set(stop_ids)
         toks_out, lps_out, fin = [], [], []
-        for toks, lps in zip(toks_all, lps_all):
+        for toks, lps, budget in zip(toks_all, lps_all, budgets):
+            toks, lps = toks[:budget], lps[:budget]
             end = next((j + 1 for j, x in enumerate(toks) if x in stop_set), None)
-            fin.append("stop" if end is not None else "length")
-            end = end or r
-            toks_out.append(toks[:end])
-            lps_out.append(lps[:end])
-        return toks_out, lps_out, fin
+            if end is not None:
+                fin.append("stop")
+                toks, lps = toks[:end], lps[:end]
+            else:
+                fin.append("length" if len(toks) >= budget else "abort")
+            toks_out.append(toks)
+            lps_out.append(lps)
+        return toks_out, lps_out, fin, stopped
