@@ -120,9 +120,11 @@ class ActorConfig(_Section):
     strategy: Literal["fsdp2", "megatron"] = "fsdp2"
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     logprob_chunk_size: int = Field(1024, gt=0, description="tokens per chunk when computing log-probs/entropy from hidden states")
-    mixed_precision: Literal["none", "bf16"] = Field("none", description=(
+    mixed_precision: Literal["none", "bf16", "bf16_params"] = Field("none", description=(
         "bf16: keep model.dtype=float32 master weights and optimizer state, run the forward/backward "
-        "matmuls in bf16 under torch.autocast"))
+        "matmuls in bf16 under torch.autocast; bf16_params: bf16 module weights for forward/backward, "
+        "fp32 master weights, fp32 gradient accumulation and fp32 AdamW state owned by the optimizer, "
+        "one master->bf16 copy per step (faster on GPU; single worker, not with FSDP2 sharding)"))
     mfu_peak_tflops: float | None = Field(None, gt=0, description=(
         "bf16 dense peak TFLOP/s per device for perf/mfu/actor; None: the vendor figure for the detected device"))
 

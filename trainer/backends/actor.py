@@ -20,6 +20,13 @@ forward pass, as verl does.
 
 Data parallelism: when `torch.distributed` is initialized with several ranks the model is sharded
 with FSDP2 (`fully_shard`, `trainer/backends/fsdp.py`) and the counts are all-reduced.
+
+Precision (`actor.mixed_precision`):
+- `none`: the model's own dtype throughout (fp32 on CPU by default).
+- `bf16`: fp32 params, grads and AdamW state; forward/backward matmuls in bf16 under `torch.autocast`.
+- `bf16_params`: bf16 module params, fp32 masters + main grads + AdamW state owned by the optimizer
+  side, one master->bf16 copy per step (`trainer/backends/mixed_precision.py`; single worker only).
+AdamW is fused on CUDA (`fused=True`: one kernel over all params) and the default elsewhere.
 """
 
 from __future__ import annotations
@@ -35,6 +42,7 @@ from trainer.algorithms.aggregation import agg_loss, global_counts, masked_mean
 from trainer.algorithms.kl import kl_penalty
 from trainer.algorithms.mismatch import truncated_is_weights
 from trainer.algorithms.policy_loss import compute_policy_loss
+from trainer.backends.mixed_precision import BF16Params
 from trainer.batch import Batch
 from trainer.config import ActorConfig
 from trainer.errors import ConfigError
@@ -68,9 +76,20 @@ class Actor:
         self.max_response_length = max_response_length
         self.device = device
         self.model = model
-        self.optimizer = torch.optim.AdamW(
-            [p for p in model.parameters() if p.requires_grad], lr=cfg.lr, betas=cfg.betas,
-            weight_decay=cfg.weight_decay, foreach=device.type != "cpu" or None)
+        self.master: BF16Params | None = None
+        if cfg.mixed_precision == "bf16_params":
+            from trainer.backends.fsdp import is_sharded
+
+            if is_sharded(model) or any(hasattr(p, "full_tensor") for p in model.parameters()):
+                raise ConfigError("actor.mixed_precision: bf16_params keeps unsharded fp32 masters and does not "
+                                  "support FSDP2-sharded models (fix: use mixed_precision: bf16 with several workers)")
+            self.master = BF16Params(model)
+            params = self.master.masters
+        else:
+            params = [p for p in model.parameters() if p.requires_grad]
+        fused = device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
+                                           fused=fused or None, foreach=None if fused else (device.type != "cpu" or None))
         warmup = cfg.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
@@ -83,8 +102,10 @@ class Actor:
 
         model = self.model if model is None else model
         fn = sharded_response_logprobs if is_sharded(model) else response_logprobs
-        # mixed precision: fp32 master weights and optimizer state, bf16 matmuls (log-softmax stays fp32)
-        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.cfg.mixed_precision == "bf16"):
+        # mixed precision: autocast for fp32 weights (`bf16`, or the fp32 reference model next to
+        # `bf16_params`); bf16 module params need no casts. Log-softmax statistics stay fp32.
+        autocast = self.cfg.mixed_precision != "none" and next(model.parameters()).dtype == torch.float32
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
             return fn(model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
                       with_entropy=with_entropy)
 
@@ -104,7 +125,8 @@ class Actor:
         return torch.cat(out)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        """Full (unsharded) weights by name, for syncing to the rollout engine."""
+        """Full (unsharded) weights by name, for syncing to the rollout engine. Under `bf16_params` these
+        are the bf16 module params the trainer's forward runs on (the engine gets the same weights)."""
         for name, p in self.model.named_parameters():
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
             yield name, full.detach()
@@ -136,6 +158,8 @@ class Actor:
                 counts = _all_reduce_sum(global_counts(mini.response_mask), self.device)
                 agg_kw = dict(horizon=self.max_response_length, **counts)
                 self.optimizer.zero_grad(set_to_none=True)
+                if self.master is not None:
+                    self.master.zero_grad()
                 mb_stats: dict[str, float] = defaultdict(float)
                 n_tok = max(counts["global_num_tokens"], 1.0)
                 for micro in mini.chunks(cfg.ppo_micro_batch_size_per_gpu):
@@ -173,10 +197,14 @@ class Actor:
                 # each worker's statistics are its share of the mini-batch's (normalized by the global
                 # counts), so their sum over the data-parallel workers is the mini-batch value
                 mb_stats = _all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)}, self.device)
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), cfg.grad_clip)
+                # fp32 main grads of the masters under bf16_params, else the module's own grads
+                clip_params = self.master.masters if self.master is not None else self.model.parameters()
+                grad_norm = torch.nn.utils.clip_grad_norm_(clip_params, cfg.grad_clip)
                 grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
+                    if self.master is not None:
+                        self.master.sync_to_model()
                 else:
                     metrics["actor/grad_norm_nonfinite"].append(1.0)
                 self.scheduler.step()
@@ -210,10 +238,14 @@ class Actor:
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict()}
+        """Model weights (the fp32 masters under `bf16_params`), optimizer and scheduler state."""
+        model = self.master.master_state_dict() if self.master is not None else self.model.state_dict()
+        return {"model": model, "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
+        if self.master is not None:
+            self.master.load_master_state_dict(state["model"])
+        else:
+            self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])

@@ -12,47 +12,128 @@ test compares both), with n-1 of every n prompt forwards saved. Rows are grouped
 consecutive rows carry the same `group_index` and the same prompt tokens; otherwise the plain
 full-sequence forward runs.
 
-The LM head runs only on response positions (hidden states at columns P-1 .. P+R-2), in chunks of
-`chunk_size` tokens; with gradients on, each chunk is recomputed in backward
-(`torch.utils.checkpoint`) so no more than one chunk of `[chunk, V]` fp32 logits is alive at once.
+LM head (`lm_head_logprobs`): one autograd function over response positions only (hidden states
+at columns P-1 .. P+R-2), looping over chunks of `chunk_size` tokens so that no more than one
+chunk of `[chunk, V]` logits is alive. Forward keeps only the per-token `lse` and `H`; backward
+recomputes each chunk's logits (one matmul) and writes the logit gradient in closed form
+instead of replaying the autograd graph of log_softmax / gather / exp / sum:
+
+    p = softmax(z),  logp = z - lse
+    d logp_t / d z   = onehot(t) - p
+    d H / d z        = -p * (logp + H)            (since dH/dz_k = -p_k (z_k - E_p[z]), E_p[z] = lse - H)
+    d loss / d logits = (g_logp * (onehot(t) - p) - g_H * p * (logp + H)) / temperature
+
+The gradient of the logits is cast once to the matmul dtype; the weight gradient is summed over
+chunks in fp32 and cast once at the end (the autocast path summed bf16 per-chunk products in
+fp32 too). An entropy that receives no gradient (it is only a metric when `entropy_coeff` is 0)
+costs nothing in backward. The matmuls run in the autocast dtype when autocast is on (fp32
+weights are cast once per call), else in the weight's dtype; softmax statistics are fp32.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from trainer.batch import Batch
 
 
-def _chunk_logprobs(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                    temperature: float, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    logits = F.linear(hidden, weight, bias).float() / temperature  # [C, V]
-    logp_all = torch.log_softmax(logits, dim=-1)  # [C, V]
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # [C]
-    if with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)  # [C]
-    else:
-        entropy = torch.zeros_like(logp)
-    return logp, entropy
+def _chunk_logits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """fp32 `z = (h @ w.T + bias) / temperature` for one chunk: `[C, V]`."""
+    z = F.linear(h, w, None if bias is None else bias.to(w.dtype)).float()  # [C, V]
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z
+
+
+class _LMHeadLogprobs(torch.autograd.Function):
+    """(logp [M], entropy [M]) of targets [M] from hidden [M, H] and the head weight [V, H], chunked."""
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
+                temperature: float, chunk_size: int, with_entropy: bool, compute_dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        h = hidden.to(compute_dtype)  # [M, H]
+        w = weight.to(compute_dtype)  # [V, H] (a copy only for fp32 weights under autocast)
+        m = h.shape[0]
+        logp = torch.empty(m, dtype=torch.float32, device=h.device)  # [M]
+        lse = torch.empty_like(logp)  # [M]
+        ent = torch.zeros_like(logp)  # [M]
+        for i in range(0, m, chunk_size):
+            z = _chunk_logits(h[i:i + chunk_size], w, bias, temperature)  # [C, V]
+            c_lse = torch.logsumexp(z, dim=-1)  # [C]
+            lse[i:i + chunk_size] = c_lse
+            logp[i:i + chunk_size] = z.gather(-1, targets[i:i + chunk_size, None]).squeeze(-1) - c_lse
+            if with_entropy:
+                z.sub_(c_lse[:, None])  # log-probs, in place
+                # H = -sum p * logp as a batched dot: [C, 1, V] @ [C, V, 1]
+                ent[i:i + chunk_size] = -torch.bmm(z.exp().unsqueeze(1), z.unsqueeze(2)).view(-1)
+            del z
+        ctx.save_for_backward(h, w, bias, targets, lse, ent)
+        ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+        ctx.weight_dtype, ctx.hidden_dtype = weight.dtype, hidden.dtype
+        ctx.set_materialize_grads(False)
+        return logp, ent
+
+    @staticmethod
+    def backward(ctx, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):
+        h, w, bias, targets, lse, ent = ctx.saved_tensors
+        if not ctx.with_entropy:
+            g_ent = None
+        if g_logp is None and g_ent is None:
+            return None, None, None, None, None, None, None, None
+        t, c = ctx.temperature, ctx.chunk_size
+        m = h.shape[0]
+        # d loss / d logits is linear in (g_logp, g_ent): fold 1/temperature into them
+        g_lp = (g_logp.float() / t) if g_logp is not None else torch.zeros(m, device=h.device)  # [M]
+        g_h = (g_ent.float() / t) if g_ent is not None else None  # [M]
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        need_b = bias is not None and ctx.needs_input_grad[2]
+        dh = torch.empty_like(h) if need_h else None  # [M, H]
+        dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # [V, H] fp32 sum
+        db = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None  # [V]
+        rows = torch.arange(min(c, m), device=h.device)
+        for i in range(0, m, c):
+            hc = h[i:i + c]
+            z = _chunk_logits(hc, w, bias, t)  # [C, V]
+            z.sub_(lse[i:i + c, None])  # logp
+            p = z.exp()  # [C, V]
+            if g_h is not None:
+                # coefficient -(g_H (logp + H) + g_logp), then times p
+                z.add_(ent[i:i + c, None]).mul_(-g_h[i:i + c, None]).sub_(g_lp[i:i + c, None])
+                p.mul_(z)
+            else:
+                p.mul_(-g_lp[i:i + c, None])
+            del z
+            n = hc.shape[0]
+            p[rows[:n], targets[i:i + c]] += g_lp[i:i + c]  # the onehot(t) term
+            d_logits = p.to(w.dtype)  # [C, V]
+            del p
+            if need_h:
+                dh[i:i + c] = d_logits @ w
+            if need_w:
+                dw += d_logits.t() @ hc
+            if need_b:
+                db += d_logits.float().sum(0)
+            del d_logits
+        dh = dh.to(ctx.hidden_dtype) if need_h else None
+        dw = dw.to(ctx.weight_dtype) if need_w else None
+        db = db.to(bias.dtype) if need_b else None
+        return dh, dw, db, None, None, None, None, None
 
 
 def lm_head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0,
                      chunk_size: int = 1024, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs (and entropy) of `targets` [..] given final hidden states [.., H], chunked over tokens."""
+    """Log-probs (and entropy, zeros when not asked) of `targets` [..] given final hidden states [.., H]."""
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])  # [M, H]
-    t = targets.reshape(-1)  # [M]
+    t = targets.reshape(-1).to(h.device)  # [M]
     weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
-    use_ckpt = torch.is_grad_enabled() and h.requires_grad and h.shape[0] > chunk_size
-    lps, ents = [], []
-    for i in range(0, h.shape[0], chunk_size):
-        args = (h[i:i + chunk_size], weight, bias, t[i:i + chunk_size], temperature, with_entropy)
-        lp, ent = checkpoint(_chunk_logprobs, *args, use_reentrant=False) if use_ckpt else _chunk_logprobs(*args)
-        lps.append(lp)
-        ents.append(ent)
-    return torch.cat(lps).reshape(shape), torch.cat(ents).reshape(shape)
+    dev = h.device.type
+    cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+    with torch.autocast(dev, enabled=False):
+        logp, ent = _LMHeadLogprobs.apply(h, weight, bias, t, float(temperature), int(chunk_size), with_entropy, cdt)
+    return logp.reshape(shape), ent.reshape(shape)
 
 
 def prompt_groups(batch: Batch) -> torch.Tensor | None:
