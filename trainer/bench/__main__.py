@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-micro", type=int, default=16)
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--train-chunks", default="1024", help="actor.logprob_chunk_size values to compare")
+    ap.add_argument("--train-modes", default="bf16", help=(
+        "actor.mixed_precision values to compare (bf16, bf16_params, none); '+compile' after one also "
+        "torch.compiles the decoder layers, e.g. bf16,bf16_params,bf16_params+compile"))
     ap.add_argument("--profile", action="store_true", help="kernel-time table of one training step")
     ap.add_argument("--grpo-steps", type=int, default=4)
     ap.add_argument("--peak-tflops", type=float, default=None, help="vendor bf16 peak override")
@@ -113,23 +116,32 @@ def main(argv: list[str] | None = None) -> int:
                                         "graph_capture_s", "first_call_s"]))
     if "train" in args.sections:
         rows = []
-        for shape in args.train_shapes.split(","):
-            for chunk in (int(c) for c in args.train_chunks.split(",")):
-                r = run(f"train_{shape}_c{chunk}", lambda: perf.bench_training(
-                    shape, num_seqs=args.train_seqs, seq_len=args.train_len, prompt_len=32, micro=args.train_micro,
-                    device=dev, matmul_tflops=ceil["bf16_matmul_tflops"], vendor_tflops=vendor, steps=args.steps,
-                    chunk=chunk, profile=args.profile))
-                if r:
-                    rows.append(r)
-                    for k in r.get("profile_top_kernels", [])[:12]:
-                        print(f"  {k['device_ms']:9.1f} ms  x{k['count']:<5} {k['name']}", flush=True)
+        variants = [(shape, int(c), m) for shape in args.train_shapes.split(",")
+                    for m in args.train_modes.split(",") for c in args.train_chunks.split(",")]
+        for shape, chunk, mode in variants:
+            prec, _, extra = mode.partition("+")
+            if prec not in ("bf16", "bf16_params", "none") or extra not in ("", "compile"):
+                raise ConfigError(f"trainer.bench --train-modes: unknown mode {mode!r} "
+                                  "(fix: bf16, bf16_params or none, optionally followed by +compile)")
+            tag = mode.replace("+", "_")
+            r = run(f"train_{shape}_{tag}_c{chunk}", lambda: perf.bench_training(
+                shape, num_seqs=args.train_seqs, seq_len=args.train_len, prompt_len=32, micro=args.train_micro,
+                device=dev, matmul_tflops=ceil["bf16_matmul_tflops"], vendor_tflops=vendor, steps=args.steps,
+                chunk=chunk, profile=args.profile, mixed_precision=prec, compile_layers=extra == "compile"))
+            if r:
+                rows.append(r)
+                for k in r.get("profile_top_kernels", [])[:12]:
+                    print(f"  {k['device_ms']:9.1f} ms  x{k['count']:<5} {k['name']}", flush=True)
         if rows:
-            summary.append(table(rows, ["shape", "logprob_chunk_size", "tok_s", "mfu_vs_measured_6n", "mfu_vs_measured", "mfu_vs_vendor",
-                                        "actor_metric_mfu", "peak_mem_gib"]))
+            summary.append(table(rows, ["shape", "mixed_precision", "compile_layers", "logprob_chunk_size", "tok_s",
+                                        "mfu_vs_measured_6n", "mfu_vs_measured", "mfu_vs_vendor",
+                                        "actor_metric_mfu", "peak_mem_gib", "compile_s"]))
     if "sync" in args.sections:
-        r = run("sync", lambda: perf.bench_weight_sync(args.rollout_shape, dev))
-        if r:
-            summary.append(f"weight sync {r['shape']}: {r['median_ms']:.2f} ms (weights match: {r['weights_match']})")
+        for prec in ("bf16", "bf16_params"):
+            r = run(f"sync_{prec}", lambda: perf.bench_weight_sync(args.rollout_shape, dev, mixed_precision=prec))
+            if r:
+                summary.append(f"weight sync {r['shape']} ({prec}): {r['median_ms']:.2f} ms "
+                               f"(weights match: {r['weights_match']})")
     if "grpo" in args.sections:
         kw = dict(num_prompts=8, n=8, prompt_len=args.prompt_len, new_tokens=args.new_tokens, device=dev,
                   steps=args.grpo_steps)

@@ -152,13 +152,22 @@ def synthetic_rollout(num: int, prompt_len: int, response_len: int, vocab: int, 
 
 def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, micro: int, device: torch.device,
                    matmul_tflops: float, vendor_tflops: float, steps: int = 3, mixed_precision: str = "bf16",
-                   gradient_checkpointing: bool = False, chunk: int = 1024, profile: bool = False) -> dict[str, Any]:
-    """One actor update (fwd + bwd + AdamW) over `num_seqs x seq_len` tokens: tok/s, MFU, peak memory."""
+                   gradient_checkpointing: bool = False, chunk: int = 1024, profile: bool = False,
+                   compile_layers: bool = False) -> dict[str, Any]:
+    """One actor update (fwd + bwd + AdamW) over `num_seqs x seq_len` tokens: tok/s, MFU, peak memory.
+
+    `mixed_precision`: `bf16` (fp32 params under autocast), `bf16_params` (bf16 params, fp32 masters)
+    or `none` (a bf16 model throughout, no fp32 master). `compile_layers`: `torch.compile` each decoder
+    layer; the first (warm-up) step's extra time over the median is reported as `compile_s`.
+    """
     torch.cuda.reset_peak_memory_stats(device)
-    master = "float32" if mixed_precision == "bf16" else "bfloat16"
+    master = "float32" if mixed_precision in ("bf16", "bf16_params") else "bfloat16"
     model = shape_model(shape, master, device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
+    if compile_layers:
+        for layer in model.model.layers:
+            layer.compile()
     acfg = ActorConfig(lr=1e-6, ppo_mini_batch_size=num_seqs, ppo_micro_batch_size_per_gpu=micro,
                        mixed_precision=mixed_precision, logprob_chunk_size=chunk)
     actor = Actor(model, acfg, temperature=1.0, max_response_length=seq_len - prompt_len, device=device)
@@ -171,14 +180,22 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
         metrics.append(actor.update(batch, 1, reuse_forward_as_old=True))
         batch.old_logprobs = None
 
-    times, _ = timed(step, repeats=steps, warmup=1)
+    sync()
+    t0 = time.perf_counter()
+    step()  # warm-up (and compilation)
+    sync()
+    first_s = time.perf_counter() - t0
+    times, _ = timed(step, repeats=steps, warmup=0)
     med = statistics.median(times)
     tokens = num_seqs * seq_len
     flops = train_flops(model.config, [seq_len] * num_seqs)
     flops_6n = 6.0 * matmul_params(model.config) * tokens
     out = {"shape": shape, "num_seqs": num_seqs, "seq_len": seq_len, "micro_batch": micro,
-           "mixed_precision": mixed_precision, "master_dtype": master, "gradient_checkpointing": gradient_checkpointing,
-           "median_s": med, "tok_s": tokens / med, "times_s": times,
+           "mixed_precision": mixed_precision, "master_dtype": master,
+           "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+           "gradient_checkpointing": gradient_checkpointing, "compile_layers": compile_layers,
+           "median_s": med, "tok_s": tokens / med, "times_s": times, "first_step_s": first_s,
+           "compile_s": first_s - med if compile_layers else None,
            "mfu_vs_measured_6n": mfu(flops_6n, med, matmul_tflops), "mfu_vs_measured": mfu(flops, med, matmul_tflops),
            "mfu_vs_vendor": mfu(flops, med, vendor_tflops),
            "actor_metric_mfu": metrics[-1].get("perf/mfu/actor"),
@@ -208,17 +225,25 @@ def profile_top(fn: Callable[[], Any], top: int = 20) -> list[dict[str, Any]]:
 
 
 # ----------------------------------------------------------------------------- weight sync
-def bench_weight_sync(shape: str, device: torch.device, repeats: int = 10) -> dict[str, Any]:
-    """Colocated sync: fp32 master weights copied (and cast) into the bf16 rollout engine, in place."""
+def bench_weight_sync(shape: str, device: torch.device, repeats: int = 10, mixed_precision: str = "bf16"
+                      ) -> dict[str, Any]:
+    """Colocated sync into the bf16 rollout engine, in place: fp32 weights cast on the way (`bf16`), or
+    the trainer's bf16 module weights copied as they are (`bf16_params`; the fp32 masters stay behind)."""
     from trainer.rollout.static import StaticRolloutEngine
 
     model = shape_model(shape, "float32", device)
-    actor = Actor(model, ActorConfig(mixed_precision="bf16"), temperature=1.0, max_response_length=8, device=device)
+    actor = Actor(model, ActorConfig(mixed_precision=mixed_precision), temperature=1.0, max_response_length=8,
+                  device=device)
     engine = StaticRolloutEngine(model, pad_token_id=0, eos_token_ids=[], dtype=torch.bfloat16, device=device)
+    if actor.master is not None:  # make the masters differ from the engine's initial copy
+        with torch.no_grad():
+            torch._foreach_mul_(actor.master.masters, 1.5)
+        actor.master.sync_to_model()
     times, _ = timed(lambda: engine.update_weights(actor.named_weights()), repeats=repeats, warmup=2)
     ok = all(torch.equal(p.to(torch.bfloat16), engine._params[n]) for n, p in model.named_parameters())
-    out = {"shape": shape, "median_ms": statistics.median(times) * 1e3, "times_ms": [t * 1e3 for t in times],
-           "weights_match": ok, "params": sum(p.numel() for p in model.parameters())}
+    out = {"shape": shape, "mixed_precision": mixed_precision, "median_ms": statistics.median(times) * 1e3,
+           "times_ms": [t * 1e3 for t in times], "weights_match": ok,
+           "params": sum(p.numel() for p in model.parameters())}
     del actor, model, engine
     torch.cuda.empty_cache()
     return out
