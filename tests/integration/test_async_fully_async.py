@@ -95,3 +95,26 @@ def test_killed_rollout_worker_ends_the_run_with_a_clear_error(tmp_path: Path):
     assert len(done) >= 2 and [r["step"] for r in done] == list(range(1, len(done) + 1))
     failure = json.loads((tmp_path / "failure.json").read_text())
     assert failure["completed_steps"] == failure["failed_step"] - 1 >= len(done) - 1
+
+
+def test_static_engine_with_partial_rollout(tmp_path: Path):
+    """The static engine in the rollout worker: interrupted at syncs, continued under the new weights."""
+    from trainer.modes.fully_async import train_fully_async
+
+    rows = _rows(train_fully_async(_cfg(tmp_path, "rollout.engine=static", "async.partial_rollout=true",
+                                        "trainer.total_steps=4")))
+    assert len(rows) == 4
+    bound = 0.5 * 4 * 2
+    assert all(r["fully_async/staleness/stale_groups_in_window"] <= bound for r in rows)
+    assert max(r["fully_async/staleness/max_version_lag"] for r in rows) <= 1
+    assert sum(r["fully_async/partial/total_partial_num"] for r in rows) > 0  # some responses spanned a sync
+    assert max(r["fully_async/partial/max_partial_span"] for r in rows) >= 1
+    assert all(r["response_length/max"] <= 48 for r in rows)  # continued responses respect max_response_length
+
+
+def test_engines_without_interrupts_are_refused_up_front(tmp_path: Path):
+    from trainer.errors import ConfigError
+    from trainer.modes.fully_async import train_fully_async
+
+    with pytest.raises(ConfigError, match="rollout.engine=vllm"):
+        train_fully_async(_cfg(tmp_path, "rollout.engine=vllm"))

@@ -40,6 +40,22 @@ def test_two_worker_colocated_run_writes_every_step(tmp_path: Path):
         assert m["training/rollout_probs_diff_max"] < 1e-3
 
 
+def test_static_engine_on_two_workers_follows_the_weight_updates(tmp_path: Path):
+    """Each worker's static engine gets the updated weights in place (fused Q/K/V and gate/up included):
+    at step 2 the rollout log-probs still match the trainer's to float32 numerics."""
+    from trainer.distributed.colocated_ray import train_colocated_ray
+
+    cfg = load_config("trainer/configs/grpo_tiny_arithmetic.yaml", [
+        f"trainer.out_dir={tmp_path}", "trainer.use_ray=true", "trainer.n_gpus_per_node=2", "trainer.progress=false",
+        "trainer.save_freq=0", "trainer.total_steps=2", "trainer.test_freq=0", "rollout.engine=static",
+        "actor.lr=0.01", "actor.entropy_coeff=0.1"])  # entropy: a gradient even when every reward is 0
+    rows = {r["step"]: r["data"] for r in read_metrics(train_colocated_ray(cfg))}
+    assert sorted(rows) == [1, 2]
+    assert rows[1]["actor/grad_norm"] > 0
+    for step in (1, 2):
+        assert rows[step]["training/rollout_probs_diff_max"] < 1e-3
+
+
 def test_unsupported_pieces_fail_before_any_worker_starts(tmp_path: Path):
     from trainer.distributed.colocated_ray import train_colocated_ray
 

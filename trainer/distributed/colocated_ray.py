@@ -12,7 +12,9 @@ single-process loop in `trainer/modes/colocated.py` stays the default for one CP
     workers: in-process weight sync, FSDP all-gather -> engine      -> timing_s/update_weights
     validation every test_freq (prompts split over the workers), metrics line
 
-`perf/throughput` divides by the N devices. Not yet: checkpoints/resume, dynamic sampling, PPO's
+The engine is `rollout.engine: hf` or `static` (static KV cache + CUDA-graph decode; set
+`rollout.engine_kwargs.free_on_sleep: false` to keep its buffers and graphs across the update when
+the device has room). `perf/throughput` divides by the N devices. Not yet: checkpoints/resume, dynamic sampling, PPO's
 critic and the KL reference in this path (they raise a ConfigError naming the field).
 """
 

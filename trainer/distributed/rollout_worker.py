@@ -14,7 +14,8 @@ FIFO queue tagged with the policy version it started under. The trainer side tak
   at a sync: the "stale groups per window" that the test bounds. (Counts here are in prompt
   groups; verl counts samples the same way, `n` trajectories each.)
 - Partial rollout. With `partial_rollout`, `begin_sync` interrupts the running `generate` at its
-  next decode step (`HFRolloutEngine.generate(should_stop=...)`); after the new weights land the
+  next decode step (`InterruptibleEngine.generate(should_stop=...)`, trainer/rollout/base.py: the
+  `hf` and `static` engines); after the new weights land the
   unfinished responses continue under them (`continue_generation`). Tokens sampled before the
   sync keep the log-probs of the version that sampled them, so `rollout_logprobs` is always the
   behaviour policy of each token. Without it, a sync waits for the running call to finish.
@@ -37,7 +38,8 @@ import torch
 
 from trainer.batch import Batch, batch_from_rollout, concat_batches
 from trainer.config import TrainerConfig
-from trainer.rollout.base import Rollout
+from trainer.errors import ConfigError
+from trainer.rollout.base import InterruptibleEngine, Rollout
 
 
 @dataclass
@@ -71,6 +73,9 @@ class RolloutWorker:
         self.eos_ids = eos_token_ids(self.tokenizer, model)
         self.engine = build_engine(cfg, model, self.tokenizer, self.eos_ids, self.device)
         del model
+        if not isinstance(self.engine, InterruptibleEngine):
+            raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the rollout worker needs an interruptible engine "
+                              f"(fix: set rollout.engine=hf or rollout.engine=static)")
         self.train_data = PromptDataset(train_rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                         batch_size=groups_per_call, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                         filter_overlong_prompts=cfg.data.filter_overlong_prompts,
@@ -140,6 +145,13 @@ class RolloutWorker:
             while not self.parked and self.error is None:
                 self.cond.wait(timeout=1.0)
             self._raise_error()
+
+    def engine_facts(self) -> dict[str, Any]:
+        """Which engine runs, and (static engine) graph-capture seconds and any capture failure."""
+        return {"engine": self.engine.name, "device": str(self.device),
+                "graph_capture_s": float(getattr(self.engine, "compile_s", 0.0)),
+                "use_graphs": bool(getattr(self.engine, "use_graphs", False)),
+                "graph_error": getattr(self.engine, "graph_error", None)}
 
     def receive_weights(self, plan: list, bucket_mb: float) -> float:
         from trainer.distributed.weight_sync import receive

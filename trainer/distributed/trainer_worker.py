@@ -8,7 +8,9 @@ as the single-process loop, with counts all-reduced, so the update does not depe
 In the colocated mode each worker also holds a rollout engine (a full, unsharded copy of the
 weights in the rollout dtype): it samples its share of the prompts, and after the update gets the
 new weights in-process (`update_local_engine`, an FSDP all-gather on every rank). On GPU the engine
-is put to sleep while the update runs (`engine.sleep()` / `wake_up()`).
+is put to sleep while the update runs (`engine.sleep()` / `wake_up()`). The engine is `hf` or
+`static` (`RAY_ENGINES`); the static engine's fused Q/K/V and gate/up matrices are the storage of
+the module's projection weights, so the in-place copy refreshes them too.
 
 In the fully-async mode rank 0 also joins a weight-sync group with the rollout workers and
 broadcasts the weights in buckets (`send_weights`; `trainer/distributed/weight_sync.py`).
@@ -30,14 +32,18 @@ from trainer.distributed.sharding import worker_actor_config
 from trainer.errors import ConfigError
 
 
+# Engines the Ray workers build in-process: interruptible (`InterruptibleEngine`), so partial rollout works.
+RAY_ENGINES = ("hf", "static")
+
+
 def check_supported(cfg: TrainerConfig) -> None:
     """Features the multi-worker path does not run yet fail up front, naming the field."""
     if cfg.critic.enable:
         raise ConfigError("critic.enable: the Ray/fully-async path trains no value model yet (fix: use the "
                           "single-process colocated mode for PPO with a critic)")
-    if cfg.rollout.engine != "hf":
-        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the Ray path runs the hf engine only "
-                          f"(fix: set rollout.engine=hf)")
+    if cfg.rollout.engine not in RAY_ENGINES:
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the Ray path runs the built-in engines only "
+                          f"(fix: set rollout.engine=hf or rollout.engine=static)")
 
 
 class TrainerWorker:
