@@ -28,13 +28,13 @@ SUITE = "suites/verl_dapo_qwen25_math_7b_fully_async_gfx942.yaml"
 VAL_KEY = "val-core/synthetic/arithmetic/acc/mean@1"
 
 
-def summarize(rows: list[dict], num_gpus: int, prompts_per_step: int) -> dict:
+def summarize(rows: list[dict], num_gpus: int, prompts_per_step: int, n: int = 8) -> dict:
     train = [r["data"] for r in rows if r["step"] > 0]
     steady = train[1:] if len(train) > 1 else train  # step 1 holds CUDA/NCCL warm-up
     step_s = [d["timing_s/step"] for d in steady]
     busy_s = [d["timing_s/step"] - d.get("timing_s/testing", 0.0) for d in steady]
     tokens = [d["perf/total_num_tokens"] for d in steady]
-    resp_tokens = [d["response_length/mean"] * prompts_per_step * 8 for d in steady]
+    resp_tokens = [d["response_length/mean"] * prompts_per_step * n for d in steady]
     vals = [(r["step"], r["data"][VAL_KEY]) for r in rows if VAL_KEY in r["data"]]
     parts = {}
     for key in ("timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor", "timing_s/update_weights",

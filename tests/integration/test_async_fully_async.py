@@ -110,6 +110,8 @@ def test_static_engine_with_partial_rollout(tmp_path: Path):
     assert sum(r["fully_async/partial/total_partial_num"] for r in rows) > 0  # some responses spanned a sync
     assert max(r["fully_async/partial/max_partial_span"] for r in rows) >= 1
     assert all(r["response_length/max"] <= 48 for r in rows)  # continued responses respect max_response_length
+    facts = json.loads((tmp_path / "engine.json").read_text())
+    assert facts["engine"] == "static" and facts["use_graphs"] is False  # CPU: the eager decode step
 
 
 def test_engines_without_interrupts_are_refused_up_front(tmp_path: Path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -54,6 +55,8 @@ def test_static_engine_on_two_workers_follows_the_weight_updates(tmp_path: Path)
     assert rows[1]["actor/grad_norm"] > 0
     for step in (1, 2):
         assert rows[step]["training/rollout_probs_diff_max"] < 1e-3
+    facts = json.loads((tmp_path / "engine.json").read_text())
+    assert [f["engine"] for f in facts] == ["static", "static"]
 
 
 def test_unsupported_pieces_fail_before_any_worker_starts(tmp_path: Path):

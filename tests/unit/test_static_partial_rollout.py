@@ -113,7 +113,7 @@ def test_interrupt_before_the_first_token_and_across_bucket_chunks(tiny) -> None
 
 
 def test_continuation_uses_new_weights_and_keeps_old_logprobs(tiny) -> None:
-    model, tok, eos, prompts = tiny
+    model, _, _, prompts = tiny
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=7)
     eng = _static(tiny, eos=[], seed=5)
     part = eng.generate(prompts[:2], params, should_stop=_stop_after(3))

@@ -11,6 +11,7 @@ single-process loop in `trainer/modes/colocated.py` stays the default for one CP
     workers: old log-probs + PPO update on their shard (FSDP2; engine asleep) -> timing_s/update_actor
     workers: in-process weight sync, FSDP all-gather -> engine      -> timing_s/update_weights
     validation every test_freq (prompts split over the workers), metrics line
+    end: each worker's engine facts (graph capture, errors) -> engine.json beside metrics.jsonl
 
 The engine is `rollout.engine: hf` or `static` (static KV cache + CUDA-graph decode; set
 `rollout.engine_kwargs.free_on_sleep: false` to keep its buffers and graphs across the update when
@@ -20,6 +21,7 @@ critic and the KL reference in this path (they raise a ConfigError naming the fi
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -138,6 +140,8 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
             writer.write(step, metrics)
             progress.step(metrics)
         progress.close()
+        facts = group.call_all("engine_facts", context="after training")
+        (out_dir / "engine.json").write_text(json.dumps(facts, indent=2))
     except WorkerDiedError as e:
         progress.close()
         write_failure(out_dir, e, step)

@@ -148,10 +148,9 @@ class RolloutWorker:
 
     def engine_facts(self) -> dict[str, Any]:
         """Which engine runs, and (static engine) graph-capture seconds and any capture failure."""
-        return {"engine": self.engine.name, "device": str(self.device),
-                "graph_capture_s": float(getattr(self.engine, "compile_s", 0.0)),
-                "use_graphs": bool(getattr(self.engine, "use_graphs", False)),
-                "graph_error": getattr(self.engine, "graph_error", None)}
+        from trainer.rollout.base import engine_facts
+
+        return engine_facts(self.engine)
 
     def receive_weights(self, plan: list, bucket_mb: float) -> float:
         from trainer.distributed.weight_sync import receive

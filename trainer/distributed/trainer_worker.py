@@ -31,7 +31,6 @@ from trainer.config import TrainerConfig
 from trainer.distributed.sharding import worker_actor_config
 from trainer.errors import ConfigError
 
-
 # Engines the Ray workers build in-process: interruptible (`InterruptibleEngine`), so partial rollout works.
 RAY_ENGINES = ("hf", "static")
 
@@ -109,6 +108,12 @@ class TrainerWorker:
         batch.scores, acc = score(batch, self.tokenizer, self.cfg)
         batch.meta["acc"] = acc.tolist()
         return batch
+
+    def engine_facts(self) -> dict[str, Any]:
+        """The colocated engine's facts (`trainer.rollout.base.engine_facts`); {} without an engine."""
+        from trainer.rollout.base import engine_facts
+
+        return engine_facts(self.engine) if self.engine is not None else {}
 
     def update_local_engine(self) -> float:
         """In-process weight sync to the colocated engine (collective over the trainer ranks)."""

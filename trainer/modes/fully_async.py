@@ -28,6 +28,7 @@ idle_ratio`, `fully_async/monitor/queue/mq_queue_size`, and this project's
 `fully_async/staleness/*` (version lag of consumed groups, stale groups in the current window and
 the bound `staleness_threshold * required * trigger_parameter_sync_step` they must stay under).
 
+At the end the rollout engine's facts (graph capture seconds, any capture error) go to `engine.json`.
 A worker that dies ends the run with `WorkerDiedError` naming the step; the metrics of the
 completed steps stay in `metrics.jsonl` and `failure.json` records what happened.
 Not yet: resuming from a checkpoint, more than one rollout worker, a critic or reference model.
@@ -35,6 +36,7 @@ Not yet: resuming from a checkpoint, more than one rollout worker, a critic or r
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -175,6 +177,8 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
             progress.step(metrics)
         progress.close()
         get(rollouter.stop.remote(), what="rollout worker", context="while stopping")
+        facts = get(rollouter.engine_facts.remote(), what="rollout worker", context="while stopping")
+        (out_dir / "engine.json").write_text(json.dumps(facts, indent=2))
     except WorkerDiedError as e:
         progress.close()
         write_failure(out_dir, e, step)

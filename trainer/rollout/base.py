@@ -95,6 +95,15 @@ def copy_weights_in_place(params: dict[str, torch.Tensor], named_tensors: Iterab
             target.copy_(tensor, non_blocking=True)
 
 
+def engine_facts(engine: RolloutEngine) -> dict[str, object]:
+    """What a run records about its engine (`engine.json`): name, device and, for the static engine,
+    graph-capture seconds and why capture failed if it did."""
+    return {"engine": engine.name, "device": str(getattr(engine, "device", "")),
+            "use_graphs": bool(getattr(engine, "use_graphs", False)),
+            "graph_capture_s": float(getattr(engine, "compile_s", 0.0)),
+            "graph_error": getattr(engine, "graph_error", None)}
+
+
 class RolloutEngine(abc.ABC):
     """A sampler that holds a copy of the policy weights and can receive new ones."""
 
