@@ -331,7 +331,8 @@ class StaticRolloutEngine(InterruptibleEngine):
             try:
                 if hasattr(graph, "register_generator_state"):
                     graph.register_generator_state(self._gen)
-                with torch.cuda.graph(graph):
+                # thread_local: CUDA calls of other threads (the NCCL watchdog, Ray) stay legal during capture
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):
                     self._decode_step(slot, params)
             except RuntimeError as e:  # capture unsupported here: decode eagerly, say why
                 self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
