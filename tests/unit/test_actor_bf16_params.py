@@ -1,5 +1,5 @@
 """`actor.mixed_precision: bf16_params` (bf16 module weights, fp32 masters / main grads / AdamW state)
-against the fp32 path on a tiny Qwen2, on CPU.
+against the fp32 path on a tiny Qwen2, on CPU (and on a GPU: `pytest -m gpu` on this file).
 
 Tolerances (bf16 has 8 mantissa bits, relative rounding 2^-9 ~ 2e-3 per operation):
 - gradients (fp32 main grads of the masters vs the fp32 model's grads): relative L2 error < 3e-2
@@ -13,21 +13,24 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 from tests.unit.test_fsdp_equivalence import N, R, _batch, _model
 from trainer.backends.actor import Actor
 from trainer.config import ActorConfig
 
-CPU = torch.device("cpu")
+# the same checks on a GPU (fused AdamW, CUDA cast kernels): `pytest -m gpu tests/unit/test_actor_bf16_params.py`
+DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA or ROCm device")])]
 
 
-def _actor(mode: str, *, lr: float = 1e-3, micro: int = 8) -> tuple[Actor, dict[str, torch.Tensor]]:
-    model = _model()
+def _actor(mode: str, *, lr: float = 1e-3, micro: int = 8, device: str = "cpu") -> tuple[Actor, dict[str, torch.Tensor]]:
+    model = _model().to(device)
     w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
     cfg = ActorConfig(lr=lr, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=micro, grad_clip=1e9,
                       entropy_coeff=0.01, mixed_precision=mode)
-    return Actor(model, cfg, temperature=1.0, max_response_length=R, device=CPU), w0
+    return Actor(model, cfg, temperature=1.0, max_response_length=R, device=torch.device(device)), w0
 
 
 def _rel(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -40,6 +43,7 @@ def _grads(actor: Actor, micro: int) -> dict[str, torch.Tensor]:
     batch = _batch()
     actor.model.train()
     for mb in batch.chunks(micro):
+        mb = mb.to(actor.device)
         logp, _ = actor._logprobs(mb)
         (logp * mb.advantages).sum().backward()
     if actor.master is not None:
@@ -47,8 +51,9 @@ def _grads(actor: Actor, micro: int) -> dict[str, torch.Tensor]:
     return {n: p.grad for n, p in actor.model.named_parameters()}
 
 
-def test_module_params_are_bf16_and_optimizer_owns_fp32_masters():
-    actor, w0 = _actor("bf16_params")
+@pytest.mark.parametrize("device", DEVICES)
+def test_module_params_are_bf16_and_optimizer_owns_fp32_masters(device: str):
+    actor, w0 = _actor("bf16_params", device=device)
     assert all(p.dtype == torch.bfloat16 for p in actor.model.parameters())
     opt_params = [p for g in actor.optimizer.param_groups for p in g["params"]]
     assert opt_params and all(p.dtype == torch.float32 for p in opt_params)
@@ -61,22 +66,24 @@ def test_module_params_are_bf16_and_optimizer_owns_fp32_masters():
         assert st["exp_avg"].dtype == torch.float32 and st["exp_avg_sq"].dtype == torch.float32
 
 
-def test_main_grads_match_fp32_grads_with_micro_batch_accumulation():
-    ref, _ = _actor("none")
+@pytest.mark.parametrize("device", DEVICES)
+def test_main_grads_match_fp32_grads_with_micro_batch_accumulation(device: str):
+    ref, _ = _actor("none", device=device)
     want = _grads(ref, micro=8)
     for micro in (8, 2):  # one backward, and four accumulated into the fp32 main grads
-        actor, _ = _actor("bf16_params")
+        actor, _ = _actor("bf16_params", device=device)
         got = _grads(actor, micro)
         assert all(g.dtype == torch.float32 for g in got.values())
         assert all(p.grad is None for p in actor.model.parameters())  # bf16 grads handed over and freed
         assert _rel(got, want) < 3e-2, micro
 
 
-def test_one_update_matches_fp32_within_bf16_tolerance():
-    ref, w0 = _actor("none")
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_update_matches_fp32_within_bf16_tolerance(device: str):
+    ref, w0 = _actor("none", device=device)
     m_ref = ref.update(_batch(), N)
     d_ref = {k: v.detach() - w0[k] for k, v in ref.model.named_parameters()}
-    actor, _ = _actor("bf16_params", micro=2)
+    actor, _ = _actor("bf16_params", micro=2, device=device)
     m_got = actor.update(_batch(), N)
     d_got = {k: m.detach() - w0[k] for k, m in actor.master.named_masters()}
     assert _rel(d_got, d_ref) < 0.15
@@ -89,9 +96,10 @@ def test_one_update_matches_fp32_within_bf16_tolerance():
         assert torch.equal(dict(actor.model.named_parameters())[name], m.detach().to(torch.bfloat16)), name
 
 
-def test_steps_below_bf16_resolution_accumulate_in_the_masters():
+@pytest.mark.parametrize("device", DEVICES)
+def test_steps_below_bf16_resolution_accumulate_in_the_masters(device: str):
     # Adam's first step moves each weight by ~lr = 1e-6, far below bf16's spacing near |w| ~ 0.02 (~1.2e-4)
-    actor, w0 = _actor("bf16_params", lr=1e-6)
+    actor, w0 = _actor("bf16_params", lr=1e-6, device=device)
     actor.update(_batch(), N)
     params = dict(actor.model.named_parameters())
     moved_master, moved_bf16, total = 0, 0, 0
@@ -103,14 +111,15 @@ def test_steps_below_bf16_resolution_accumulate_in_the_masters():
     assert moved_bf16 < 0.05 * total  # the bf16 copies mostly could not
 
 
-def test_checkpoint_holds_fp32_masters_and_resumes_identically():
-    a, _ = _actor("bf16_params")
+@pytest.mark.parametrize("device", DEVICES)
+def test_checkpoint_holds_fp32_masters_and_resumes_identically(device: str):
+    a, _ = _actor("bf16_params", device=device)
     a.update(_batch(), N)
     state = copy.deepcopy(a.state_dict())  # as saved to disk (state dicts hold live references)
     masters = dict(a.master.named_masters())
     for name, m in masters.items():
         assert state["model"][name].dtype == torch.float32 and torch.equal(state["model"][name], m), name
-    b, _ = _actor("bf16_params")
+    b, _ = _actor("bf16_params", device=device)
     b.load_state_dict(state)
     for name, m in b.master.named_masters():
         assert torch.equal(m, masters[name]), name
@@ -122,12 +131,14 @@ def test_checkpoint_holds_fp32_masters_and_resumes_identically():
         assert torch.equal(m1, m2), name
 
 
-def test_weight_sync_sends_the_bf16_weights_in_place():
+@pytest.mark.parametrize("device", DEVICES)
+def test_weight_sync_sends_the_bf16_weights_in_place(device: str):
     from trainer.rollout.static import StaticRolloutEngine
 
-    actor, _ = _actor("bf16_params")
-    engine = StaticRolloutEngine(actor.model, pad_token_id=0, eos_token_ids=[], dtype=torch.bfloat16, device=CPU)
+    actor, _ = _actor("bf16_params", device=device)
+    engine = StaticRolloutEngine(actor.model, pad_token_id=0, eos_token_ids=[], dtype=torch.bfloat16, device=device)
     actor.update(_batch(), N)
+    assert all(bool(torch.isfinite(p).all()) for p in actor.model.parameters())
     ptrs = {n: p.data_ptr() for n, p in engine._params.items()}
     engine.update_weights(actor.named_weights())
     for name, p in actor.model.named_parameters():

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         if rows:
             summary.append(table(rows, ["shape", "mixed_precision", "compile_layers", "logprob_chunk_size", "tok_s",
                                         "mfu_vs_measured_6n", "mfu_vs_measured", "mfu_vs_vendor",
-                                        "actor_metric_mfu", "peak_mem_gib", "compile_s"]))
+                                        "actor_metric_mfu", "peak_mem_gib", "compile_s", "weights_finite"]))
     if "sync" in args.sections:
         for prec in ("bf16", "bf16_params"):
             r = run(f"sync_{prec}", lambda: perf.bench_weight_sync(args.rollout_shape, dev, mixed_precision=prec))

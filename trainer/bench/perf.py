@@ -199,6 +199,8 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
            "mfu_vs_measured_6n": mfu(flops_6n, med, matmul_tflops), "mfu_vs_measured": mfu(flops, med, matmul_tflops),
            "mfu_vs_vendor": mfu(flops, med, vendor_tflops),
            "actor_metric_mfu": metrics[-1].get("perf/mfu/actor"),
+           "last_grad_norm": metrics[-1].get("actor/grad_norm"), "last_pg_loss": metrics[-1].get("actor/pg_loss"),
+           "weights_finite": all(bool(torch.isfinite(p).all()) for p in model.parameters()),
            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30,
            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2 ** 30}
     out["logprob_chunk_size"] = chunk
