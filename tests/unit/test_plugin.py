@@ -119,8 +119,8 @@ def test_collection_names_and_ids() -> None:
         "critic/score/mean:delta>=0.05",
         "actor/ppo_kl:first<=0.005",
         "response_length/mean:each in [1,24]",
-        "golden:colocated:critic/score/mean:mean_last[5]",
-        "golden:colocated:critic/score/mean:mean_first[5]",
+        "golden:colocated:critic/score/mean:mean_last[4]",
+        "golden:colocated:critic/score/mean:mean_first[4]",
         "golden:colocated:response_length/mean:mean",
     ]
     assert len([c for ref in suite.references for c in expected_check_ids(suite, "full", ref)]) == 11
