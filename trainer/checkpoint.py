@@ -3,7 +3,9 @@
 A checkpoint is `<out_dir>/checkpoints/step_<N>/state.pt` holding the actor (weights, optimizer,
 scheduler), the critic when there is one, the data sampler's position, and every random state
 (python, torch, the rollout engine's sampling generator). It is written to a temporary folder and
-renamed, so a run killed mid-save leaves the previous checkpoint intact. Resuming loads the newest
+renamed, so a run killed mid-save leaves the previous checkpoint intact. Runs on several workers
+(`trainer/distributed/`) add their own files to the same folder before the rename (`write_files`:
+trainer rank 0 writes `actor.pt`), so a checkpoint is complete exactly when `state.pt` exists. Resuming loads the newest
 complete checkpoint and truncates `metrics.jsonl` to the steps it covers, so no metric line is lost
 or duplicated.
 """
@@ -14,6 +16,7 @@ import random
 import re
 import shutil
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -48,15 +51,20 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(out_dir: str | Path, step: int, state: dict[str, Any], *, keep: int = 2) -> Path:
-    """Write `state` as checkpoint `step`; keep the newest `keep` checkpoints."""
+def save_checkpoint(out_dir: str | Path, step: int, state: dict[str, Any], *, keep: int = 2,
+                    write_files: Callable[[Path], dict[str, Any]] | None = None) -> Path:
+    """Write `state` as checkpoint `step`; keep the newest `keep` checkpoints.
+
+    `write_files(folder)` (optional) writes more files into the not-yet-renamed folder and returns
+    entries to add to `state.pt` (e.g. each worker's random state)."""
     root = checkpoint_root(out_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:06d}"
     tmp = root / f".tmp_step_{step:06d}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    torch.save({"step": step, **state, "rng": rng_state()}, tmp / "state.pt")
+    extra = write_files(tmp) if write_files is not None else {}
+    torch.save({"step": step, **state, **extra, "rng": rng_state()}, tmp / "state.pt")
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     done = sorted((int(m.group(1)), p) for p in root.iterdir() if (m := _STEP_DIR.match(p.name)))

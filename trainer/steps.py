@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import os
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -151,39 +152,62 @@ def score(batch: Batch, tokenizer: Any, cfg: TrainerConfig) -> tuple[torch.Tenso
 
 
 def generate_scored_batch(c: Components, items_fn: Any) -> tuple[Batch, dict[str, float]]:
-    """Generate and score one step's batch; with DAPO dynamic sampling, drop groups whose scores are
-    all equal and generate more (up to `max_num_gen_batches` calls) until `train_batch_size` groups remain.
+    """Generate and score one step's batch with the process's own engine (DAPO dynamic sampling through
+    `collect_scored_batch`)."""
+    params = sampling_params(c.cfg, c.eos_ids)
 
-    Departure from verl: when the cap is reached with fewer groups than asked, verl raises; this trains
-    on the groups it has (and logs `train/num_gen_batches`, `train/kept_groups`).
+    def next_scored() -> Batch:
+        batch = generate(c.engine, items_fn(), params, pad_token_id=c.tokenizer.pad_token_id,
+                         max_response_length=c.cfg.data.max_response_length)
+        batch.scores, _ = score(batch, c.tokenizer, c.cfg)
+        return batch
+
+    batch, stats = collect_scored_batch(next_scored, c.cfg, pad_token_id=c.tokenizer.pad_token_id)
+    stats.update(turn_metrics(batch))
+    return batch, stats
+
+
+def collect_scored_batch(next_scored: Callable[[], Batch], cfg: TrainerConfig, *, pad_token_id: int,
+                         multiple_of: int = 1) -> tuple[Batch, dict[str, float]]:
+    """One step's scored batch from `next_scored()` (one generate call over `data.train_batch_size`
+    prompts, scores set). With DAPO dynamic sampling (`algorithm.dynamic_sampling`), drop groups whose
+    scores are all equal and call again (up to `max_num_gen_batches` calls) until `train_batch_size`
+    groups remain; keep the first `train_batch_size`.
+
+    `multiple_of`: the number of kept groups is rounded down to a multiple of it (the Ray path needs
+    whole mini-batches to shard over its workers). Departure from verl: when the cap is reached with
+    fewer groups than asked, verl raises; this trains on the groups it has, or -- when none (or fewer
+    than `multiple_of`) survive -- on the last call's batch unfiltered (its equal-score groups get
+    zero advantage). `train/num_gen_batches` and `train/kept_groups` say which happened.
     """
-    cfg = c.cfg
-    params = sampling_params(cfg, c.eos_ids)
     want = cfg.data.train_batch_size
+    if not cfg.algorithm.dynamic_sampling:
+        return next_scored(), {}
     kept: list[Batch] = []
     num_groups, num_gen = 0, 0
-    stats: dict[str, float] = {}
     while True:
-        batch = generate(c.engine, items_fn(), params, pad_token_id=c.tokenizer.pad_token_id,
-                         max_response_length=cfg.data.max_response_length)
-        batch.scores, acc = score(batch, c.tokenizer, cfg)
+        batch = next_scored()
         num_gen += 1
-        if not cfg.algorithm.dynamic_sampling:
-            kept.append(batch)
-            break
-        keep = dynamic_sampling_keep(batch.scores, batch.group_index)
+        keep = dynamic_sampling_keep(batch.scores, batch.group_index)  # [N] bool
         if keep.any():
             kept.append(batch.select(keep.nonzero().squeeze(-1)))
             num_groups += int(torch.unique(batch.group_index[keep]).numel())
         if num_groups >= want or num_gen >= cfg.algorithm.max_num_gen_batches:
             break
-    batch = concat_batches(kept, pad_token_id=c.tokenizer.pad_token_id) if kept else batch
-    if cfg.algorithm.dynamic_sampling:
-        groups = torch.unique(batch.group_index)[:want]
-        batch = batch.select(torch.isin(batch.group_index, groups).nonzero().squeeze(-1))
-        stats = {"train/num_gen_batches": float(num_gen), "train/kept_groups": float(groups.numel())}
-    stats.update(turn_metrics(batch))
-    return batch, stats
+    take = min(num_groups, want)
+    take -= take % multiple_of
+    if take > 0:
+        merged = concat_batches(kept, pad_token_id=pad_token_id)
+        groups = _groups_in_order(merged.group_index)[:take]
+        batch = merged.select(torch.isin(merged.group_index, groups).nonzero().squeeze(-1))
+    num_kept = int(torch.unique(batch.group_index).numel())
+    return batch, {"train/num_gen_batches": float(num_gen), "train/kept_groups": float(num_kept)}
+
+
+def _groups_in_order(group_index: torch.Tensor) -> torch.Tensor:
+    """Distinct group ids `[G]` in order of first appearance."""
+    seen: dict[int, None] = dict.fromkeys(group_index.tolist())
+    return torch.tensor(list(seen), dtype=group_index.dtype)
 
 
 def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:

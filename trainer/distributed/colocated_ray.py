@@ -10,13 +10,26 @@ single-process loop in `trainer/modes/colocated.py` stays the default for one CP
     driver: advantages on the whole batch (groups never span workers)
     workers: old log-probs + PPO update on their shard (FSDP2; engine asleep) -> timing_s/update_actor
     workers: in-process weight sync, FSDP all-gather -> engine      -> timing_s/update_weights
-    validation every test_freq (prompts split over the workers), metrics line
+    validation every test_freq (prompts split over the workers)
+    checkpoint every save_freq                                      -> timing_s/save_checkpoint
+    metrics line
     end: each worker's engine facts (graph capture, errors) -> engine.json beside metrics.jsonl
+
+DAPO dynamic sampling (`algorithm.dynamic_sampling`) repeats the generate call and filters groups
+with `trainer.steps.collect_scored_batch`, the single-process loop's logic; the kept groups are
+rounded down to whole `actor.ppo_mini_batch_size`s so they shard evenly over the workers.
+
+Checkpoints have the single-process layout (`<out_dir>/checkpoints/step_N/`, `trainer/checkpoint.py`):
+the driver's `state.pt` (step, the sampler's position, the driver's and every worker's random states,
+including each engine's sampling generator) and trainer rank 0's `actor.pt` (full weights, AdamW and
+LR schedule, `trainer/distributed/actor_state.py`). A rerun of the same command (`trainer.resume`,
+on by default) loads the newest one, puts the weights into every engine, truncates `metrics.jsonl`
+to its step and continues; on CPU the resumed run logs the same numbers as an uninterrupted one.
 
 The engine is `rollout.engine: hf` or `static` (static KV cache + CUDA-graph decode; set
 `rollout.engine_kwargs.free_on_sleep: false` to keep its buffers and graphs across the update when
-the device has room). `perf/throughput` divides by the N devices. Not yet: checkpoints/resume, dynamic sampling, PPO's
-critic and the KL reference in this path (they raise a ConfigError naming the field).
+the device has room). `perf/throughput` divides by the N devices. Not yet: PPO's critic in this path
+(it raises a ConfigError naming the field).
 """
 
 from __future__ import annotations
@@ -24,11 +37,13 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
 from trainer.batch import Batch, concat_batches
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 from trainer.metrics import MetricsWriter
@@ -70,22 +85,48 @@ def validate_on(group: Any, val_data: Any, cfg: TrainerConfig, pad_token_id: int
     return out
 
 
+def save_group_checkpoint(group: Any, out_dir: Path, step: int, state: dict[str, Any], *, keep: int,
+                          context: str) -> Path:
+    """Checkpoint `step`: the driver's `state` plus every worker's (`TrainerWorker.save_state`)."""
+
+    def write_files(folder: Path) -> dict[str, Any]:
+        return {"world_size": group.world,
+                "workers": group.call_all("save_state", str(folder), context=f"{context} while saving")}
+
+    return save_checkpoint(out_dir, step, state, keep=keep, write_files=write_files)
+
+
+def load_group_checkpoint(group: Any, cfg: TrainerConfig, writer: MetricsWriter, *, version_of: Any = None
+                          ) -> dict[str, Any] | None:
+    """Restore the newest checkpoint in out_dir on every worker (when resuming); the driver's state, or
+    None for a fresh run. `version_of(state)` is the engines' policy version (default: the step)."""
+    ckpt = latest_checkpoint(cfg.trainer.out_dir) if cfg.trainer.resume else None
+    if ckpt is None:
+        writer.truncate_after(-1)  # a fresh run starts a fresh log
+        return None
+    state = load_checkpoint(ckpt)
+    if state.get("world_size") != group.world:
+        raise ConfigError(f"{ckpt}: written by {state.get('world_size')} trainer workers, this run has {group.world} "
+                          f"(fix: resume with the same trainer GPU count, or set trainer.resume=false)")
+    version = int(state["step"]) if version_of is None else int(version_of(state))
+    group.call_all_args("load_state", [(str(ckpt), ws, version) for ws in state["workers"]],
+                        context=f"while loading {ckpt}")
+    writer.truncate_after(int(state["step"]))
+    return state
+
+
 def train_colocated_ray(cfg: TrainerConfig) -> Path:
     from trainer.data.dataset import PromptDataset
     from trainer.distributed.cluster import WorkerDiedError, init_ray, uses_gpu, write_failure
     from trainer.distributed.trainer_group import TrainerGroup, add_advantages, step_metrics
     from trainer.distributed.trainer_worker import check_supported
     from trainer.models import load_tokenizer
-    from trainer.steps import load_split
+    from trainer.steps import collect_scored_batch, load_split
 
     check_supported(cfg)
-    if cfg.algorithm.dynamic_sampling:
-        raise ConfigError("algorithm.dynamic_sampling: not supported with Ray workers yet (fix: set it false, or run "
-                          "single-process with trainer.n_gpus_per_node=1)")
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     out_dir = Path(cfg.trainer.out_dir)
     writer = MetricsWriter(out_dir / "metrics.jsonl")
-    writer.truncate_after(-1)
     train_rows, val_rows = load_split(cfg.data)
     tokenizer = load_tokenizer(cfg.model)
     pad = int(tokenizer.pad_token_id)
@@ -101,23 +142,35 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
     init_ray(cfg, num_cpus=world + 1)
     group = None
     step = 0
-    progress = Progress(total=cfg.trainer.total_steps, initial=0, enabled=cfg.trainer.progress)
+    progress = None
     try:
         group = TrainerGroup(cfg, num_workers=world, use_gpu=uses_gpu(cfg), with_engine=True, name="colocated")
         group.check_batch(cfg.data.train_batch_size)
-        if cfg.trainer.test_freq > 0:
+        resumed = load_group_checkpoint(group, cfg, writer)
+        start = 0
+        if resumed is not None:
+            start = int(resumed["step"])
+            train.load_state_dict(resumed["data"])
+        progress = Progress(total=cfg.trainer.total_steps, initial=start, enabled=cfg.trainer.progress)
+
+        def next_scored(ctx: str) -> Batch:  # one generate call: the step's prompts split over the workers' engines
+            parts = _split(train.next_batch(), world)
+            return _gather(group.call_all_args("generate", [(p, False) for p in parts], context=ctx), pad)
+
+        if start == 0 and cfg.trainer.test_freq > 0:
             t0 = time.perf_counter()
             v = validate_on(group, val, cfg, pad, "in validation before training")
             if v:
                 writer.write(0, {**v, "timing_s/testing": time.perf_counter() - t0})
                 progress.update_val(v)
-        for step in range(1, cfg.trainer.total_steps + 1):
+        for step in range(start + 1, cfg.trainer.total_steps + 1):
             ctx = f"at step {step} ({step - 1} steps completed; their metrics are in {writer.path})"
             t_step = time.perf_counter()
             metrics: dict[str, float] = {}
             t0 = time.perf_counter()
-            parts = _split(train.next_batch(), world)
-            batch = _gather(group.call_all_args("generate", [(p, False) for p in parts], context=ctx), pad)
+            batch, gen_stats = collect_scored_batch(partial(next_scored, ctx), cfg, pad_token_id=pad,
+                                                    multiple_of=cfg.actor.ppo_mini_batch_size)
+            metrics.update(gen_stats)
             metrics["timing_s/gen"] = time.perf_counter() - t0
             t0 = time.perf_counter()
             add_advantages(batch, cfg)
@@ -133,6 +186,11 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
                 metrics.update(v)
                 metrics["timing_s/testing"] = time.perf_counter() - t0
                 progress.update_val(v)
+            if cfg.trainer.save_freq > 0 and (step % cfg.trainer.save_freq == 0 or step == cfg.trainer.total_steps):
+                t0 = time.perf_counter()
+                save_group_checkpoint(group, out_dir, step, {"data": train.state_dict()},
+                                      keep=cfg.trainer.max_checkpoints, context=ctx)
+                metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
             step_s = time.perf_counter() - t_step
             metrics["timing_s/step"] = step_s
             metrics["training/epoch"] = train.epoch
@@ -143,7 +201,8 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
         facts = group.call_all("engine_facts", context="after training")
         (out_dir / "engine.json").write_text(json.dumps(facts, indent=2))
     except WorkerDiedError as e:
-        progress.close()
+        if progress is not None:
+            progress.close()
         write_failure(out_dir, e, step)
         raise
     finally:

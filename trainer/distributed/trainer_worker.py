@@ -12,6 +12,10 @@ is put to sleep while the update runs (`engine.sleep()` / `wake_up()`). The engi
 `static` (`RAY_ENGINES`); the static engine's fused Q/K/V and gate/up matrices are the storage of
 the module's projection weights, so the in-place copy refreshes them too.
 
+Checkpoints (`save_state` / `load_state`): every rank takes part in gathering the policy's full
+state, rank 0 writes it (`trainer/distributed/actor_state.py`); each rank returns its own random
+states (torch, and the colocated engine's sampling generator) for the driver's `state.pt`.
+
 In the fully-async mode rank 0 also joins a weight-sync group with the rollout workers and
 broadcasts the weights in buckets (`send_weights`; `trainer/distributed/weight_sync.py`).
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import copy
 import os
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -155,6 +160,29 @@ class TrainerWorker:
         out["timing_s/old_log_prob"] = t_ref - t0
         out["timing_s/update_actor"] = t2 - t1
         return out
+
+    # ------------------------------------------------------------------ checkpoint
+    def save_state(self, folder: str) -> dict[str, Any]:
+        """Write the policy's state into `folder` (rank 0); return this rank's random states."""
+        from trainer.checkpoint import rng_state
+        from trainer.distributed.actor_state import ACTOR_FILE, save_actor_state
+
+        save_actor_state(self.actor, Path(folder) / ACTOR_FILE, self.rank)
+        gen = self.engine.generator.get_state() if self.engine is not None else None
+        return {"rng": rng_state(), "engine_generator": gen}
+
+    def load_state(self, folder: str, worker_state: dict[str, Any], version: int) -> None:
+        """Restore the policy and this rank's random states; the colocated engine gets the weights."""
+        from trainer.checkpoint import set_rng_state
+        from trainer.distributed.actor_state import ACTOR_FILE, load_actor_state
+
+        load_actor_state(self.actor, Path(folder) / ACTOR_FILE, self.rank)
+        set_rng_state(worker_state["rng"])
+        if self.engine is not None:
+            if worker_state.get("engine_generator") is not None:
+                self.engine.generator.set_state(worker_state["engine_generator"])
+            self.update_local_engine()
+            self.engine.version = version
 
     # ------------------------------------------------------------------ weight sync to rollout workers
     def init_sync_group(self, master_addr: str, master_port: int, world_size: int) -> None:
