@@ -15,8 +15,8 @@ from __future__ import annotations
 import random
 import re
 import shutil
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch

@@ -86,3 +86,45 @@ def test_dynamic_sampling_on_two_workers(tmp_path: Path):
         assert 1 <= r["train/num_gen_batches"] <= 3
         assert r["train/kept_groups"] in (2, 4)  # multiples of ppo_mini_batch_size=2, at most train_batch_size
         assert r["perf/total_num_tokens"] > 0
+
+
+def _async(out: Path, *overrides: str):
+    return load_config("trainer/configs/grpo_tiny_arithmetic.yaml", [
+        f"trainer.out_dir={out}", "trainer.mode=fully_async", "trainer.progress=false", "trainer.test_freq=0",
+        "trainer.total_steps=4", "trainer.save_freq=2", "data.max_response_length=48",
+        "async.trigger_parameter_sync_step=2", "async.staleness_threshold=0.5", "async.partial_rollout=true",
+        "actor.lr=0.01", "actor.entropy_coeff=0.1", *overrides])
+
+
+def test_fully_async_resume_continues_at_the_checkpointed_step_and_version(tmp_path: Path):
+    import torch
+
+    from trainer.modes.fully_async import train_fully_async
+
+    first = read_metrics(train_fully_async(_async(tmp_path, "trainer.total_steps=2")))
+    assert [r["step"] for r in first] == [1, 2]
+    assert first[1]["data"]["fully_async/checkpoint/unsaved_groups"] >= 0
+    ckpt = latest_checkpoint(tmp_path)
+    assert ckpt is not None and ckpt.name == "step_000002"
+    state = torch.load(ckpt / "state.pt", weights_only=False)
+    assert state["version"] == 1 and state["world_size"] == 1  # saved after the first sync, by 1 trainer worker
+    # the checkpointed policy is not the initial one: a rollouter that kept its initial weights would disagree
+    assert first[1]["data"]["actor/grad_norm"] > 0
+
+    lines = read_metrics(train_fully_async(_async(tmp_path)))
+    assert [r["step"] for r in lines] == [1, 2, 3, 4]  # steps 1-2 kept from the first run, 3-4 appended once
+    assert lines[:2] == first
+    r3, r4 = lines[2]["data"], lines[3]["data"]
+    # the first samples after the resume were started under the checkpointed version (1), so none is stale,
+    # and the rollouter samples with the checkpointed weights: its log-probs match the trainer's
+    assert r3["fully_async/count/current_param_version"] == 1.0
+    assert r3["fully_async/staleness/max_version_lag"] == 0.0
+    assert r3["training/rollout_probs_diff_max"] < 1e-3
+    assert r4["fully_async/count/current_param_version"] == 1.0  # step 4 trains, then syncs version 2
+    bound = 0.5 * 4 * 2
+    for r in (r3, r4):
+        assert r["fully_async/staleness/stale_groups_in_window"] <= bound
+        assert r["fully_async/staleness/max_version_lag"] <= 1
+    # counters continue from the checkpoint instead of restarting
+    assert r3["fully_async/count/total_generated_samples"] > first[1]["data"]["fully_async/count/total_generated_samples"]
+    assert latest_checkpoint(tmp_path).name == "step_000004"

@@ -4,7 +4,8 @@
 - `sharding.py`       split a global batch over N data-parallel trainer workers
 - `weight_sync.py`    bucketed broadcast of the trainer's weights to rollout workers
 - `trainer_worker.py` `TrainerWorker` actor: FSDP2 policy rank, optional colocated engine
-- `trainer_group.py`  driver-side handle on N trainer workers; advantages and step metrics
+- `trainer_group.py`  driver-side handle on N trainer workers; advantages, step metrics, checkpoints
+- `actor_state.py`    the policy's full training state saved from / loaded into N FSDP2 workers
 - `rollout_worker.py` `RolloutWorker` actor: streaming, staleness-bounded generation (fully-async)
 - `colocated_ray.py`  the colocated loop over Ray workers (several devices, or trainer.use_ray)
 

@@ -43,9 +43,7 @@ from typing import Any
 
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
 from trainer.batch import Batch, concat_batches
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.config import TrainerConfig
-from trainer.errors import ConfigError
 from trainer.metrics import MetricsWriter
 from trainer.progress import Progress
 
@@ -85,40 +83,16 @@ def validate_on(group: Any, val_data: Any, cfg: TrainerConfig, pad_token_id: int
     return out
 
 
-def save_group_checkpoint(group: Any, out_dir: Path, step: int, state: dict[str, Any], *, keep: int,
-                          context: str) -> Path:
-    """Checkpoint `step`: the driver's `state` plus every worker's (`TrainerWorker.save_state`)."""
-
-    def write_files(folder: Path) -> dict[str, Any]:
-        return {"world_size": group.world,
-                "workers": group.call_all("save_state", str(folder), context=f"{context} while saving")}
-
-    return save_checkpoint(out_dir, step, state, keep=keep, write_files=write_files)
-
-
-def load_group_checkpoint(group: Any, cfg: TrainerConfig, writer: MetricsWriter, *, version_of: Any = None
-                          ) -> dict[str, Any] | None:
-    """Restore the newest checkpoint in out_dir on every worker (when resuming); the driver's state, or
-    None for a fresh run. `version_of(state)` is the engines' policy version (default: the step)."""
-    ckpt = latest_checkpoint(cfg.trainer.out_dir) if cfg.trainer.resume else None
-    if ckpt is None:
-        writer.truncate_after(-1)  # a fresh run starts a fresh log
-        return None
-    state = load_checkpoint(ckpt)
-    if state.get("world_size") != group.world:
-        raise ConfigError(f"{ckpt}: written by {state.get('world_size')} trainer workers, this run has {group.world} "
-                          f"(fix: resume with the same trainer GPU count, or set trainer.resume=false)")
-    version = int(state["step"]) if version_of is None else int(version_of(state))
-    group.call_all_args("load_state", [(str(ckpt), ws, version) for ws in state["workers"]],
-                        context=f"while loading {ckpt}")
-    writer.truncate_after(int(state["step"]))
-    return state
-
-
 def train_colocated_ray(cfg: TrainerConfig) -> Path:
     from trainer.data.dataset import PromptDataset
     from trainer.distributed.cluster import WorkerDiedError, init_ray, uses_gpu, write_failure
-    from trainer.distributed.trainer_group import TrainerGroup, add_advantages, step_metrics
+    from trainer.distributed.trainer_group import (
+        TrainerGroup,
+        add_advantages,
+        load_group_checkpoint,
+        save_group_checkpoint,
+        step_metrics,
+    )
     from trainer.distributed.trainer_worker import check_supported
     from trainer.models import load_tokenizer
     from trainer.steps import collect_scored_batch, load_split

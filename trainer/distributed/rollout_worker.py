@@ -22,6 +22,13 @@ FIFO queue tagged with the policy version it started under. The trainer side tak
 - Each response records the version it started and ended under; `max_partial_span` and
   `partial_ratio` come from those (verl's `fully_async/partial/*`).
 
+Checkpoints (`checkpoint_state` / `load_checkpoint_state`, called while the loop is parked at a
+sync, so the weights equal the trainer's): the prompt sampler's position, the engine's sampling
+generator, the policy version and the generation counters. Groups waiting in the queue or
+interrupted in flight are not saved: on resume they are gone, and their prompts are not drawn
+again (the sampler is past them). verl's fully-async rollouter does the same (its
+`save_checkpoint` keeps only the dataloader state and says in-flight samples are lost).
+
 Departures: one rollout worker (one engine) per run; `groups_per_call` prompts per generate call
 (verl streams single prompts to a server).
 """
@@ -180,6 +187,26 @@ class RolloutWorker:
             self.interrupt = False
             self.cond.notify_all()
         return stats
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a resumed run needs from the rollouter (call between begin_sync and end_sync)."""
+        with self.cond:
+            return {"data": self.train_data.state_dict(), "engine_generator": self.engine.generator.get_state(),
+                    "num_generated_groups": self.num_generated_groups,
+                    "num_generated_tokens": self.num_generated_tokens,
+                    "unsaved_groups": len(self.queue) + len(self.pending)}
+
+    def load_checkpoint_state(self, state: dict[str, Any], version: int) -> None:
+        """Restore `checkpoint_state` before `start`, after `receive_weights` brought the checkpointed
+        weights, whose policy `version` the rollouter adopts."""
+        with self.cond:
+            if self.thread is not None:
+                raise RuntimeError("load_checkpoint_state after start")
+            self.train_data.load_state_dict(state["data"])
+            self.engine.generator.set_state(state["engine_generator"])
+            self.version = self.engine.version = version
+            self.num_generated_groups = int(state["num_generated_groups"])
+            self.num_generated_tokens = int(state["num_generated_tokens"])
 
     def get_groups(self, k: int) -> tuple[list[tuple[dict, Batch]], dict[str, float]]:
         """Block until `k` groups are queued; return them (FIFO) with their version facts."""

@@ -3,21 +3,26 @@
     group = TrainerGroup(cfg, num_workers=2, use_gpu=True, with_engine=True)   # colocated: engines too
     out = group.train(batch)          # advantages must be set; returns metrics + old log-probs
 
-Also holds what both Ray loops share on the driver: advantages for a scored batch, and the
-per-step data/perf metrics.
+Also holds what both Ray loops share on the driver: advantages for a scored batch, the per-step
+data/perf metrics, and checkpoints (`save_group_checkpoint` / `load_group_checkpoint`: the driver's
+`state.pt` with every worker's random state, and trainer rank 0's `actor.pt`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from trainer.batch import Batch
+from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.config import TrainerConfig
 from trainer.distributed.cluster import bundle_options, get, placement_group_for
 from trainer.distributed.sharding import check_divisible, shard_batch, unshard_rows
+from trainer.errors import ConfigError
+from trainer.metrics import MetricsWriter
 
 
 def add_advantages(batch: Batch, cfg: TrainerConfig) -> Batch:
@@ -98,3 +103,33 @@ def step_metrics(batch: Batch, cfg: TrainerConfig, *, step: int, step_s: float, 
     out.update({"training/global_step": step, "perf/total_num_tokens": num_tokens, "perf/time_per_step": step_s,
                 "perf/throughput": num_tokens / (step_s * num_devices)})
     return out
+
+
+def save_group_checkpoint(group: TrainerGroup, out_dir: Path, step: int, state: dict[str, Any], *, keep: int,
+                          context: str) -> Path:
+    """Checkpoint `step`: the driver's `state` plus every worker's (`TrainerWorker.save_state`)."""
+
+    def write_files(folder: Path) -> dict[str, Any]:
+        return {"world_size": group.world,
+                "workers": group.call_all("save_state", str(folder), context=f"{context} while saving")}
+
+    return save_checkpoint(out_dir, step, state, keep=keep, write_files=write_files)
+
+
+def load_group_checkpoint(group: TrainerGroup, cfg: TrainerConfig, writer: MetricsWriter, *, version_of: Any = None
+                          ) -> dict[str, Any] | None:
+    """Restore the newest checkpoint in out_dir on every worker (when resuming); the driver's state, or
+    None for a fresh run. `version_of(state)` is the engines' policy version (default: the step)."""
+    ckpt = latest_checkpoint(cfg.trainer.out_dir) if cfg.trainer.resume else None
+    if ckpt is None:
+        writer.truncate_after(-1)  # a fresh run starts a fresh log
+        return None
+    state = load_checkpoint(ckpt)
+    if state.get("world_size") != group.world:
+        raise ConfigError(f"{ckpt}: written by {state.get('world_size')} trainer workers, this run has {group.world} "
+                          f"(fix: resume with the same trainer GPU count, or set trainer.resume=false)")
+    version = int(state["step"]) if version_of is None else int(version_of(state))
+    group.call_all_args("load_state", [(str(ckpt), ws, version) for ws in state["workers"]],
+                        context=f"while loading {ckpt}")
+    writer.truncate_after(int(state["step"]))
+    return state

@@ -28,10 +28,21 @@ idle_ratio`, `fully_async/monitor/queue/mq_queue_size`, and this project's
 `fully_async/staleness/*` (version lag of consumed groups, stale groups in the current window and
 the bound `staleness_threshold * required * trigger_parameter_sync_step` they must stay under).
 
+Checkpoints: every `trainer.save_freq` steps, at the first weight sync at or after that step (and
+after the last step), so the rollout worker's weights equal the trainer's. `step_N/` holds the
+driver's `state.pt` (step, policy version, the staleness counters, the rollout worker's prompt
+position and sampling generator, every trainer worker's random state) and trainer rank 0's
+`actor.pt` (`trainer/distributed/actor_state.py`). A rerun of the same command resumes: the
+trainers load the state, the rollout worker gets the checkpointed weights by the normal bucketed
+sync and adopts the checkpointed version, so the first samples after a resume are on-policy.
+Samples that were queued or in flight at the checkpoint are dropped, not saved (their prompts are
+skipped; `fully_async/checkpoint/unsaved_groups` counts them at each save), as in verl's fully-async recipe,
+whose rollouter checkpoint is its dataloader state only.
+
 At the end the rollout engine's facts (graph capture seconds, any capture error) go to `engine.json`.
 A worker that dies ends the run with `WorkerDiedError` naming the step; the metrics of the
 completed steps stay in `metrics.jsonl` and `failure.json` records what happened.
-Not yet: resuming from a checkpoint, more than one rollout worker, a critic or reference model.
+Not yet: more than one rollout worker, a critic.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ import time
 from pathlib import Path
 
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
+from trainer.checkpoint import checkpoint_root
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError, RLBenchError
 from trainer.metrics import MetricsWriter
@@ -68,7 +80,13 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         write_failure,
     )
     from trainer.distributed.rollout_worker import RolloutWorker, merge_groups
-    from trainer.distributed.trainer_group import TrainerGroup, add_advantages, step_metrics
+    from trainer.distributed.trainer_group import (
+        TrainerGroup,
+        add_advantages,
+        load_group_checkpoint,
+        save_group_checkpoint,
+        step_metrics,
+    )
     from trainer.distributed.trainer_worker import check_supported
 
     check_supported(cfg)
@@ -82,13 +100,12 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
     use_gpu = uses_gpu(cfg)
     out_dir = Path(cfg.trainer.out_dir)
     writer = MetricsWriter(out_dir / "metrics.jsonl")
-    writer.truncate_after(-1)
     (out_dir / "failure.json").unlink(missing_ok=True)
     num_devices = a.rollout_gpus + a.train_gpus
     init_ray(cfg, num_cpus=num_devices + 1)
 
     step, rollouter, trainers, pg = 0, None, None, None
-    progress = Progress(total=cfg.trainer.total_steps, initial=0, enabled=cfg.trainer.progress)
+    progress = None
     try:
         pg = placement_group_for(1, use_gpu, name="rollout-pg")
         rollouter = ray.remote(RolloutWorker).options(**bundle_options(pg, 0, use_gpu, max_concurrency=8),
@@ -103,7 +120,24 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
              rollouter.init_sync_group.remote(addr, port, 2, 1)], what="a worker", context="joining the weight-sync group")
         bucket_mb = 256.0
 
-        if cfg.trainer.test_freq > 0:
+        def sync_weights(context: str) -> None:  # bucketed broadcast, trainer rank 0 -> rollouter
+            get([w.send_weights.remote(plan, bucket_mb) for w in trainers.workers]
+                + [rollouter.receive_weights.remote(plan, bucket_mb)], what="a worker", context=context)
+
+        # resume: trainers load the checkpoint, the rollouter gets its weights, version and prompt position
+        version, last_val_step, last_save_step, stale_groups_total = 0, 0, 0, 0
+        resumed = load_group_checkpoint(trainers, cfg, writer, version_of=lambda st: st["version"])
+        start = 0
+        if resumed is not None:
+            start = int(resumed["step"])
+            version, stale_groups_total = int(resumed["version"]), int(resumed["stale_groups_total"])
+            last_val_step = last_save_step = start
+            sync_weights(f"while resuming from {checkpoint_root(out_dir)} step {start}")
+            get(rollouter.load_checkpoint_state.remote(resumed["rollouter"], version), what="rollout worker",
+                context="while resuming")
+        progress = Progress(total=cfg.trainer.total_steps, initial=start, enabled=cfg.trainer.progress)
+
+        if start == 0 and cfg.trainer.test_freq > 0:
             t0 = time.perf_counter()
             val = get(rollouter.validate.remote(), what="rollout worker", context="in validation before training")
             if val:
@@ -111,11 +145,10 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                 progress.update_val(val)
         get(rollouter.start.remote(), what="rollout worker")
 
-        version, last_val_step = 0, 0
-        stale_groups_total, window_stale = 0, 0
+        window_stale = 0
         window_bound = math.floor(a.staleness_threshold * required * a.trigger_parameter_sync_step + 1e-9)
         n = cfg.rollout.n
-        for step in range(1, cfg.trainer.total_steps + 1):
+        for step in range(start + 1, cfg.trainer.total_steps + 1):
             ctx = f"at trainer step {step} ({step - 1} steps completed; their metrics are in {writer.path})"
             t_step = time.perf_counter()
             metrics: dict[str, float] = {}
@@ -155,8 +188,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                 version += 1
                 t0 = time.perf_counter()
                 get(rollouter.begin_sync.remote(), what="rollout worker", context=ctx)
-                get([w.send_weights.remote(plan, bucket_mb) for w in trainers.workers]
-                    + [rollouter.receive_weights.remote(plan, bucket_mb)], what="a worker", context=ctx)
+                sync_weights(ctx)
                 metrics["timing_s/update_weights"] = time.perf_counter() - t0
                 due = cfg.trainer.test_freq > 0 and (step // cfg.trainer.test_freq > last_val_step // cfg.trainer.test_freq
                                                      or step == cfg.trainer.total_steps)
@@ -167,6 +199,16 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                     metrics["timing_s/testing"] = time.perf_counter() - t0
                     progress.update_val(val)
                     last_val_step = step
+                f = cfg.trainer.save_freq
+                if f > 0 and (step // f > last_save_step // f or step == cfg.trainer.total_steps):
+                    t0 = time.perf_counter()  # parked rollouter, weights in sync: a consistent cut
+                    ro = get(rollouter.checkpoint_state.remote(), what="rollout worker", context=ctx)
+                    save_group_checkpoint(trainers, out_dir, step, {
+                        "version": version, "stale_groups_total": stale_groups_total, "rollouter": ro},
+                        keep=cfg.trainer.max_checkpoints, context=ctx)
+                    metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
+                    metrics["fully_async/checkpoint/unsaved_groups"] = float(ro["unsaved_groups"])
+                    last_save_step = step
                 metrics.update(get(rollouter.end_sync.remote(version), what="rollout worker", context=ctx))
                 window_stale = 0
             step_s = time.perf_counter() - t_step
@@ -180,7 +222,8 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         facts = get(rollouter.engine_facts.remote(), what="rollout worker", context="while stopping")
         (out_dir / "engine.json").write_text(json.dumps(facts, indent=2))
     except WorkerDiedError as e:
-        progress.close()
+        if progress is not None:
+            progress.close()
         write_failure(out_dir, e, step)
         raise
     finally:
