@@ -27,6 +27,9 @@ Precision (`actor.mixed_precision`):
 - `bf16_params`: bf16 module params, fp32 masters + main grads + AdamW state owned by the optimizer
   side, one master->bf16 copy per step (`trainer/backends/mixed_precision.py`; single worker only).
 AdamW is fused on CUDA (`fused=True`: one kernel over all params) and the default elsewhere.
+
+`actor.compile: true` compiles the decoder layers and the LM-head chunk math with fixed shapes
+(`trainer/backends/compile.py`); the math is unchanged (the unit test compares loss and gradients).
 """
 
 from __future__ import annotations
@@ -87,6 +90,19 @@ class Actor:
             params = self.master.masters
         else:
             params = [p for p in model.parameters() if p.requires_grad]
+        self.compile_backend: str | None = None
+        if cfg.compile:
+            from trainer.backends.compile import compile_decoder_layers
+            from trainer.backends.fsdp import is_sharded
+
+            if is_sharded(model) or any(hasattr(p, "full_tensor") for p in model.parameters()):
+                raise ConfigError("actor.compile: not supported for FSDP2-sharded models (fix: set actor.compile: false "
+                                  "with several workers)")
+            if getattr(model, "is_gradient_checkpointing", False) or getattr(model, "is_activation_checkpointing", False):
+                raise ConfigError("actor.compile: not supported with gradient checkpointing (fix: set "
+                                  "model.gradient_checkpointing: false or actor.compile: false)")
+            compile_decoder_layers(model, backend=cfg.compile_backend)
+            self.compile_backend = cfg.compile_backend
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                                            fused=fused or None, foreach=None if fused else (device.type != "cpu" or None))
@@ -105,9 +121,11 @@ class Actor:
         # mixed precision: autocast for fp32 weights (`bf16`, or the fp32 reference model next to
         # `bf16_params`); bf16 module params need no casts. Log-softmax statistics stay fp32.
         autocast = self.cfg.mixed_precision != "none" and next(model.parameters()).dtype == torch.float32
+        # compiled mode (`actor.compile`) for the trained model only: fixed shapes, compiled LM-head chunks
+        kw = {"compile_backend": self.compile_backend} if self.compile_backend is not None and model is self.model else {}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
             return fn(model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
-                      with_entropy=with_entropy)
+                      with_entropy=with_entropy, **kw)
 
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None,

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-chunks", default="1024", help="actor.logprob_chunk_size values to compare")
     ap.add_argument("--train-modes", default="bf16", help=(
         "actor.mixed_precision values to compare (bf16, bf16_params, none); '+compile' after one also "
-        "torch.compiles the decoder layers, e.g. bf16,bf16_params,bf16_params+compile"))
+        "sets actor.compile (compiled decoder layers and LM-head chunks), e.g. bf16,bf16_params,bf16_params+compile"))
     ap.add_argument("--profile", action="store_true", help="kernel-time table of one training step")
     ap.add_argument("--grpo-steps", type=int, default=4)
     ap.add_argument("--peak-tflops", type=float, default=None, help="vendor bf16 peak override")
@@ -136,6 +136,9 @@ def main(argv: list[str] | None = None) -> int:
             summary.append(table(rows, ["shape", "mixed_precision", "compile_layers", "logprob_chunk_size", "tok_s",
                                         "mfu_vs_measured_6n", "mfu_vs_measured", "mfu_vs_vendor",
                                         "actor_metric_mfu", "peak_mem_gib", "compile_s", "weights_finite"]))
+            summary.append(table(rows, ["mixed_precision", "compile_layers", "min_s", "median_s", "max_s",
+                                        "first_step_s", "dynamo_graphs_after_warmup", "dynamo_graphs_end",
+                                        "dynamo_graph_breaks", "profile_kernel_total_ms", "last_grad_norm"]))
     if "sync" in args.sections:
         for prec in ("bf16", "bf16_params"):
             r = run(f"sync_{prec}", lambda: perf.bench_weight_sync(args.rollout_shape, dev, mixed_precision=prec))

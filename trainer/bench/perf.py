@@ -157,26 +157,42 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
     """One actor update (fwd + bwd + AdamW) over `num_seqs x seq_len` tokens: tok/s, MFU, peak memory.
 
     `mixed_precision`: `bf16` (fp32 params under autocast), `bf16_params` (bf16 params, fp32 masters)
-    or `none` (a bf16 model throughout, no fp32 master). `compile_layers`: `torch.compile` each decoder
-    layer; the first (warm-up) step's extra time over the median is reported as `compile_s`.
+    or `none` (a bf16 model throughout, no fp32 master). `compile_layers`: `actor.compile: true`
+    (compiled decoder layers and LM-head chunks, fixed shapes); the first (warm-up) step's extra
+    time over the median is reported as `compile_s`, with dynamo's graph / graph-break counts.
+    Repeatability: every timed step's wall time (`times_s`, min/median/max), the Python GC pause
+    time inside each step (`gc_ms`), and, with `profile`, the summed kernel time of one step
+    (`profile_kernel_total_ms`; wall minus that is host-side gaps).
     """
+    import gc
+
+    from torch._dynamo.utils import counters
+
     torch.cuda.reset_peak_memory_stats(device)
     master = "float32" if mixed_precision in ("bf16", "bf16_params") else "bfloat16"
     model = shape_model(shape, master, device)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    if compile_layers:
-        for layer in model.model.layers:
-            layer.compile()
+    counters.clear()
     acfg = ActorConfig(lr=1e-6, ppo_mini_batch_size=num_seqs, ppo_micro_batch_size_per_gpu=micro,
-                       mixed_precision=mixed_precision, logprob_chunk_size=chunk)
+                       mixed_precision=mixed_precision, logprob_chunk_size=chunk, compile=compile_layers)
     actor = Actor(model, acfg, temperature=1.0, max_response_length=seq_len - prompt_len, device=device)
     roll = synthetic_rollout(num_seqs, prompt_len, seq_len - prompt_len, model.config.vocab_size)
     batch = batch_from_rollout(roll, pad_token_id=0)
     batch.advantages = torch.randn(batch.response_mask.shape)
     metrics: list[dict[str, float]] = []
 
+    gc_ms: list[float] = []
+    gc_t0: list[float] = []
+
+    def gc_timer(phase: str, info: dict) -> None:
+        if phase == "start":
+            gc_t0.append(time.perf_counter())
+        elif gc_t0:
+            gc_ms[-1] += (time.perf_counter() - gc_t0.pop()) * 1e3
+
     def step() -> None:
+        gc_ms.append(0.0)
         metrics.append(actor.update(batch, 1, reuse_forward_as_old=True))
         batch.old_logprobs = None
 
@@ -185,7 +201,12 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
     step()  # warm-up (and compilation)
     sync()
     first_s = time.perf_counter() - t0
-    times, _ = timed(step, repeats=steps, warmup=0)
+    graphs_after_warmup = counters["stats"].get("unique_graphs", 0)
+    gc.callbacks.append(gc_timer)
+    try:
+        times, _ = timed(step, repeats=steps, warmup=0)
+    finally:
+        gc.callbacks.remove(gc_timer)
     med = statistics.median(times)
     tokens = num_seqs * seq_len
     flops = train_flops(model.config, [seq_len] * num_seqs)
@@ -195,7 +216,11 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
            "param_dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
            "gradient_checkpointing": gradient_checkpointing, "compile_layers": compile_layers,
            "median_s": med, "tok_s": tokens / med, "times_s": times, "first_step_s": first_s,
-           "compile_s": first_s - med if compile_layers else None,
+           "min_s": min(times), "max_s": max(times), "tok_s_min": tokens / max(times), "tok_s_max": tokens / min(times),
+           "gc_ms": gc_ms[1:], "compile_s": first_s - med if compile_layers else None,
+           "dynamo_graphs_after_warmup": graphs_after_warmup,
+           "dynamo_graphs_end": counters["stats"].get("unique_graphs", 0),
+           "dynamo_graph_breaks": sum(counters["graph_break"].values()),
            "mfu_vs_measured_6n": mfu(flops_6n, med, matmul_tflops), "mfu_vs_measured": mfu(flops, med, matmul_tflops),
            "mfu_vs_vendor": mfu(flops, med, vendor_tflops),
            "actor_metric_mfu": metrics[-1].get("perf/mfu/actor"),
@@ -205,14 +230,17 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
            "peak_reserved_gib": torch.cuda.max_memory_reserved(device) / 2 ** 30}
     out["logprob_chunk_size"] = chunk
     if profile:
-        out["profile_top_kernels"] = profile_top(step)
+        t0 = time.perf_counter()
+        out["profile_top_kernels"], out["profile_kernel_total_ms"] = profile_top(step, with_total=True)
+        out["profile_step_wall_s"] = time.perf_counter() - t0  # profiler overhead included
     del actor, model
     torch.cuda.empty_cache()
     return out
 
 
-def profile_top(fn: Callable[[], Any], top: int = 20) -> list[dict[str, Any]]:
-    """Device time per kernel name over one call of `fn`, largest first."""
+def profile_top(fn: Callable[[], Any], top: int = 20, with_total: bool = False) -> Any:
+    """Device time per kernel name over one call of `fn`, largest first (and the sum over all
+    kernels in ms when `with_total`)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -223,6 +251,9 @@ def profile_top(fn: Callable[[], Any], top: int = 20) -> list[dict[str, Any]]:
         dev_us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
         rows.append({"name": e.key[:90], "device_ms": dev_us / 1e3, "count": e.count})
     rows.sort(key=lambda r: -r["device_ms"])
+    if with_total:
+        kernels = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        return rows[:top], sum(e.time_range.elapsed_us() for e in kernels) / 1e3
     return rows[:top]
 
 

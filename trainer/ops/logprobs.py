@@ -28,14 +28,30 @@ chunks in fp32 and cast once at the end (the autocast path summed bf16 per-chunk
 fp32 too). An entropy that receives no gradient (it is only a metric when `entropy_coeff` is 0)
 costs nothing in backward. The matmuls run in the autocast dtype when autocast is on (fp32
 weights are cast once per call), else in the weight's dtype; softmax statistics are fp32.
+
+Compiled mode (`compiled=True`, `actor.compile`): the per-chunk math runs through two
+`torch.compile(dynamic=False)` functions, `_chunk_stats` (matmul, then lse / target log-prob /
+entropy read straight from the bf16 logits, no fp32 `[C, V]` copy) and `_chunk_dlogits` (matmul,
+then the closed-form logit gradient above in one fused pass that writes the bf16 `d logits`; the
+onehot term is a compare against the column index, not a scatter). Each chunk's rows are padded
+up to a multiple of `ROW_MULTIPLE` (the last chunk only) with zero hidden states and zero
+incoming gradient, so their logit gradient is exactly zero and a fixed, small set of shapes is
+compiled. The decoder's sequence width is right-padded to a multiple of `SEQ_MULTIPLE` (right
+padding is causal-safe: no real position attends to it, and its outputs are dropped), and the
+shared-prompt KV path is off (a KV cache's per-layer `update` makes every decoder layer a new graph).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
 from trainer.batch import Batch
+
+ROW_MULTIPLE = 256  # compiled mode: the last LM-head chunk is padded to a multiple of this many rows
+SEQ_MULTIPLE = 128  # compiled mode: decoder inputs are right-padded to a multiple of this many tokens
 
 
 def _chunk_logits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
@@ -46,19 +62,82 @@ def _chunk_logits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, t
     return z
 
 
+def _chunk_stats(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float,
+                 with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(logp [C], lse [C], H [C])` of one chunk, written functionally for `torch.compile`."""
+    z = F.linear(h, w, None if bias is None else bias.to(w.dtype)).float() / temperature  # [C, V]
+    lse = torch.logsumexp(z, dim=-1)  # [C]
+    logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse  # [C]
+    if with_entropy:
+        lz = z - lse[:, None]  # [C, V]
+        ent = -(lz.exp() * lz).sum(-1)  # [C]
+    else:
+        ent = torch.zeros_like(lse)
+    return logp, lse, ent
+
+
+def _chunk_dlogits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, lse: torch.Tensor,
+                   ent: torch.Tensor, g_lp: torch.Tensor, g_h: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """Closed-form `d loss / d logits` of one chunk in `w.dtype` (`g_lp`, `g_h` already divided by temperature)."""
+    z = F.linear(h, w, None if bias is None else bias.to(w.dtype)).float() / temperature  # [C, V]
+    logp = z - lse[:, None]  # [C, V]
+    p = logp.exp()
+    coef = -g_lp[:, None] if g_h is None else -(g_h[:, None] * (logp + ent[:, None]) + g_lp[:, None])  # [C, V]
+    cols = torch.arange(z.shape[1], device=z.device)  # [V]
+    onehot = (cols[None, :] == targets[:, None]).float()  # [C, V]
+    return (p * coef + onehot * g_lp[:, None]).to(w.dtype)
+
+
+_COMPILED: dict[str, tuple[Callable, Callable]] = {}
+
+
+def compiled_chunk_fns(backend: str = "inductor") -> tuple[Callable, Callable]:
+    """`(_chunk_stats, _chunk_dlogits)` under `torch.compile(dynamic=False)`, built once per backend."""
+    if backend not in _COMPILED:
+        _COMPILED[backend] = (torch.compile(_chunk_stats, dynamic=False, backend=backend),
+                              torch.compile(_chunk_dlogits, dynamic=False, backend=backend))
+    return _COMPILED[backend]
+
+
+def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:
+    """`x` with zero rows appended up to `rows` (dim 0)."""
+    if x.shape[0] == rows:
+        return x
+    return torch.cat([x, x.new_zeros((rows - x.shape[0], *x.shape[1:]))])
+
+
+def _padded_rows(n: int, chunk: int) -> int:
+    return min(chunk, -(-n // ROW_MULTIPLE) * ROW_MULTIPLE) if n < chunk else n
+
+
 class _LMHeadLogprobs(torch.autograd.Function):
     """(logp [M], entropy [M]) of targets [M] from hidden [M, H] and the head weight [V, H], chunked."""
 
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
-                temperature: float, chunk_size: int, with_entropy: bool, compute_dtype: torch.dtype
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                temperature: float, chunk_size: int, with_entropy: bool, compute_dtype: torch.dtype,
+                compile_backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
         h = hidden.to(compute_dtype)  # [M, H]
         w = weight.to(compute_dtype)  # [V, H] (a copy only for fp32 weights under autocast)
         m = h.shape[0]
         logp = torch.empty(m, dtype=torch.float32, device=h.device)  # [M]
         lse = torch.empty_like(logp)  # [M]
         ent = torch.zeros_like(logp)  # [M]
+        ctx.compile_backend = compile_backend
+        if compile_backend is not None:
+            stats, _ = compiled_chunk_fns(compile_backend)
+            hd, wd = h.detach(), w.detach()  # one requires_grad state for every chunk: one graph
+            for i in range(0, m, chunk_size):
+                hc, tc = hd[i:i + chunk_size], targets[i:i + chunk_size]
+                n = hc.shape[0]
+                rows = _padded_rows(n, chunk_size)
+                c_logp, c_lse, c_ent = stats(_pad_rows(hc, rows), wd, bias, _pad_rows(tc, rows), temperature, with_entropy)
+                logp[i:i + n], lse[i:i + n], ent[i:i + n] = c_logp[:n], c_lse[:n], c_ent[:n]
+            ctx.save_for_backward(h, w, bias, targets, lse, ent)
+            ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
+            ctx.weight_dtype, ctx.hidden_dtype = weight.dtype, hidden.dtype
+            ctx.set_materialize_grads(False)
+            return logp, ent
         for i in range(0, m, chunk_size):
             z = _chunk_logits(h[i:i + chunk_size], w, bias, temperature)  # [C, V]
             c_lse = torch.logsumexp(z, dim=-1)  # [C]
@@ -81,7 +160,7 @@ class _LMHeadLogprobs(torch.autograd.Function):
         if not ctx.with_entropy:
             g_ent = None
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None
         t, c = ctx.temperature, ctx.chunk_size
         m = h.shape[0]
         # d loss / d logits is linear in (g_logp, g_ent): fold 1/temperature into them
@@ -92,6 +171,25 @@ class _LMHeadLogprobs(torch.autograd.Function):
         dh = torch.empty_like(h) if need_h else None  # [M, H]
         dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # [V, H] fp32 sum
         db = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None  # [V]
+        if ctx.compile_backend is not None:
+            _, dlogits = compiled_chunk_fns(ctx.compile_backend)
+            h, w, lse, ent = h.detach(), w.detach(), lse.detach(), ent.detach()
+            for i in range(0, m, c):
+                hc = h[i:i + c]
+                n = hc.shape[0]
+                r = _padded_rows(n, c)
+                d_logits = dlogits(_pad_rows(hc, r), w, bias, _pad_rows(targets[i:i + c], r), _pad_rows(lse[i:i + c], r),
+                                   _pad_rows(ent[i:i + c], r), _pad_rows(g_lp[i:i + c], r),
+                                   None if g_h is None else _pad_rows(g_h[i:i + c], r), t)[:n]  # [C, V]
+                if need_h:
+                    dh[i:i + c] = d_logits @ w
+                if need_w:
+                    dw += d_logits.t() @ hc
+                if need_b:
+                    db += d_logits.float().sum(0)
+                del d_logits
+            return (dh.to(ctx.hidden_dtype) if need_h else None, dw.to(ctx.weight_dtype) if need_w else None,
+                    db.to(bias.dtype) if need_b else None, None, None, None, None, None, None)
         rows = torch.arange(min(c, m), device=h.device)
         for i in range(0, m, c):
             hc = h[i:i + c]
@@ -119,12 +217,14 @@ class _LMHeadLogprobs(torch.autograd.Function):
         dh = dh.to(ctx.hidden_dtype) if need_h else None
         dw = dw.to(ctx.weight_dtype) if need_w else None
         db = db.to(bias.dtype) if need_b else None
-        return dh, dw, db, None, None, None, None, None
+        return dh, dw, db, None, None, None, None, None, None
 
 
 def lm_head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0,
-                     chunk_size: int = 1024, with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-probs (and entropy, zeros when not asked) of `targets` [..] given final hidden states [.., H]."""
+                     chunk_size: int = 1024, with_entropy: bool = False, compile_backend: str | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probs (and entropy, zeros when not asked) of `targets` [..] given final hidden states [.., H].
+    `compile_backend`: run the chunk math through `torch.compile` with that backend (module docstring)."""
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])  # [M, H]
     t = targets.reshape(-1).to(h.device)  # [M]
@@ -132,7 +232,8 @@ def lm_head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: to
     dev = h.device.type
     cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
     with torch.autocast(dev, enabled=False):
-        logp, ent = _LMHeadLogprobs.apply(h, weight, bias, t, float(temperature), int(chunk_size), with_entropy, cdt)
+        logp, ent = _LMHeadLogprobs.apply(h, weight, bias, t, float(temperature), int(chunk_size), with_entropy, cdt,
+                                      compile_backend)
     return logp.reshape(shape), ent.reshape(shape)
 
 
@@ -167,8 +268,19 @@ def _shared_prompt_hidden(base: torch.nn.Module, batch: Batch, first: torch.Tens
     return torch.cat([last_prompt, resp_out.last_hidden_state[:, :-1]], dim=1)  # [N, R, H]
 
 
-def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompts: bool = True) -> torch.Tensor:
-    """Final hidden states that predict each response token: `[N, R, H]`."""
+def _pad_right(x: torch.Tensor, width: int, value: int | None = None) -> torch.Tensor:
+    """`[N, T]` -> `[N, width]`: appended columns hold `value` (None: repeat the last column)."""
+    extra = width - x.shape[1]
+    if extra <= 0:
+        return x
+    fill = x[:, -1:].expand(-1, extra) if value is None else x.new_full((x.shape[0], extra), value)
+    return torch.cat([x, fill], dim=1)
+
+
+def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompts: bool = True,
+                           seq_multiple: int = 1) -> torch.Tensor:
+    """Final hidden states that predict each response token: `[N, R, H]`. `seq_multiple > 1`: the
+    decoder input is right-padded (attention 0) to a multiple of it, so compiled layers see few shapes."""
     base = getattr(model, model.base_model_prefix)
     ckpt_attr = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
@@ -176,16 +288,23 @@ def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompt
         first = prompt_groups(batch.to("cpu") if batch.group_index.device.type != "cpu" else batch)
         if first is not None:
             return _shared_prompt_hidden(base, batch, first.to(batch.input_ids.device))
-    out = base(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
-               use_cache=False)
+    t = batch.input_ids.shape[1]
+    width = -(-t // seq_multiple) * seq_multiple
+    out = base(input_ids=_pad_right(batch.input_ids, width, 0), attention_mask=_pad_right(batch.attention_mask, width, 0),
+               position_ids=_pad_right(batch.position_ids, width), use_cache=False)
     hidden = out.last_hidden_state  # [N, P+R, H]
     p, r = batch.prompt_len, batch.responses.shape[1]
     return hidden[:, p - 1:p - 1 + r]  # [N, R, H]
 
 
 def response_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 1024,
-                      with_entropy: bool = False, share_prompts: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(logprobs [N, R], entropy [N, R])` of the batch's responses under `model`."""
-    hidden = response_hidden_states(model, batch, share_prompts=share_prompts)
+                      with_entropy: bool = False, share_prompts: bool = True, compile_backend: str | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(logprobs [N, R], entropy [N, R])` of the batch's responses under `model`. `compile_backend`: the
+    compiled mode of the module docstring (fixed shapes, no shared-prompt KV path, compiled LM-head chunks);
+    the decoder layers themselves are compiled by `trainer.backends.compile.compile_decoder_layers`."""
+    compiled = compile_backend is not None
+    hidden = response_hidden_states(model, batch, share_prompts=share_prompts and not compiled,
+                                    seq_multiple=SEQ_MULTIPLE if compiled else 1)
     return lm_head_logprobs(hidden, model.get_output_embeddings(), batch.responses, temperature=temperature,
-                            chunk_size=chunk_size, with_entropy=with_entropy)
+                            chunk_size=chunk_size, with_entropy=with_entropy, compile_backend=compile_backend)
