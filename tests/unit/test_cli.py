@@ -275,12 +275,17 @@ def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
 
 def test_check_one_log_of_a_two_mode_profile_skips_the_other_mode(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
-    """geo3k cpu runs both modes; a fully_async log alone checks fully_async and skips the rest."""
+    """geo3k cpu runs both modes; a fully_async log alone checks fully_async and skips the rest.
+    The suite is copied into an empty project so that no recorded golden values apply."""
+    (tmp_path / "suites").mkdir()
+    suite_copy = tmp_path / "suites" / f"{GEO}.yaml"
+    suite_copy.write_text((ROOT / "suites" / f"{GEO}.yaml").read_text())
     log = tmp_path / "fa.jsonl"
     log.write_text("".join(json.dumps({"step": t, "data": {"actor/pg_loss": 0.1, "critic/score/mean": 0.1 * t,
                                                            "fully_async/staleness/max_version_lag": 1.0}}) + "\n"
                            for t in range(1, 13)))
-    rc = cli.main(["check", "--suite", GEO, "--profile", "cpu", "--arch", "cpu", "--run", f"fully_async={log}",
+    rc = cli.main(["check", "--suite", str(suite_copy), "--profile", "cpu", "--arch", "cpu",
+                   "--run", f"fully_async={log}",
                    "--out", str(tmp_path / "out")])
     out = capsys.readouterr().out
     assert "ERROR" not in out
