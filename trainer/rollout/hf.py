@@ -6,9 +6,9 @@ log-probability is taken from `log_softmax(logits / temperature)` in fp32, the d
 trainer uses (`trainer/ops/logprobs.py`), so rollout-vs-trainer mismatch measures numerics only.
 Top-k / top-p filter what can be *sampled*; the reported log-prob is under the unfiltered
 temperature-scaled distribution (the trainer cannot apply the filters; with the default
-top_k=-1, top_p=1 the two agree). Each distinct prompt is prefilled once and its KV cache copied
-to its n samples; finished rows are dropped from the batch as they finish, so late decode steps
-run on the rows still going.
+top_k=-1, top_p=1 the two agree). Each of a prompt's n rows is prefilled in the one batch (the
+prompt is not shared across its samples here, unlike the training forward); finished rows are
+dropped from the batch as they finish, so late decode steps run on the rows still going.
 
 The engine owns its copy of the weights (possibly in another dtype than the trainer's);
 `update_weights` copies the trainer's tensors in place. `generate(..., should_stop=)` and
