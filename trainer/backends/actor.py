@@ -79,11 +79,12 @@ class Actor:
         self.max_response_length = max_response_length
         self.device = device
         self.model = model
+        from trainer.backends.fsdp import is_sharded
+
+        sharded = is_sharded(model) or any(hasattr(p, "full_tensor") for p in model.parameters())
         self.master: BF16Params | None = None
         if cfg.mixed_precision == "bf16_params":
-            from trainer.backends.fsdp import is_sharded
-
-            if is_sharded(model) or any(hasattr(p, "full_tensor") for p in model.parameters()):
+            if sharded:
                 raise ConfigError("actor.mixed_precision: bf16_params keeps unsharded fp32 masters and does not "
                                   "support FSDP2-sharded models (fix: use mixed_precision: bf16 with several workers)")
             self.master = BF16Params(model)
@@ -93,9 +94,8 @@ class Actor:
         self.compile_backend: str | None = None
         if cfg.compile:
             from trainer.backends.compile import compile_decoder_layers
-            from trainer.backends.fsdp import is_sharded
 
-            if is_sharded(model) or any(hasattr(p, "full_tensor") for p in model.parameters()):
+            if sharded:
                 raise ConfigError("actor.compile: not supported for FSDP2-sharded models (fix: set actor.compile: false "
                                   "with several workers)")
             if getattr(model, "is_gradient_checkpointing", False) or getattr(model, "is_activation_checkpointing", False):
