@@ -1,1 +1,1 @@
-"""Shared builders for tests (logs shaped like published runs)."""
+"""Shared builders for tests (logs shaped like published runs, configs, engine helpers)."""

@@ -17,13 +17,6 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 def _cfg(tmp_path: Path, *overrides: str):
     return load_config("trainer/configs/grpo_tiny_arithmetic.yaml", [
         f"trainer.out_dir={tmp_path}", "trainer.mode=fully_async", "trainer.progress=false", "trainer.save_freq=0",

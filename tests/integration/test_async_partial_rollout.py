@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from tests.helpers.engines import stop_after
 from trainer.config import ModelConfig
 from trainer.models import load_model_and_tokenizer
 from trainer.rollout.base import SamplingParams
@@ -17,20 +18,11 @@ def _engine() -> tuple[HFRolloutEngine, list[list[int]]]:
     return engine, prompts
 
 
-def _stop_after(k: int):
-    calls = {"n": 0}
-
-    def fn() -> bool:
-        calls["n"] += 1
-        return calls["n"] > k
-    return fn
-
-
 def test_interrupted_then_continued_greedy_equals_uninterrupted():
     engine, prompts = _engine()
     params = SamplingParams(n=1, greedy=True, max_new_tokens=8)
     full = engine.generate(prompts, params)
-    part = engine.generate(prompts, params, should_stop=_stop_after(3))
+    part = engine.generate(prompts, params, should_stop=stop_after(3))
     assert part.finish_reasons == ["abort", "abort"]
     assert [len(r) for r in part.response_ids] == [3, 3]
     done = engine.continue_generation(part.prompt_ids, part.response_ids, part.response_logprobs, params)
@@ -43,7 +35,7 @@ def test_interrupted_then_continued_greedy_equals_uninterrupted():
 def test_continued_tokens_keep_the_logprobs_of_the_version_that_sampled_them():
     engine, prompts = _engine()
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
-    part = engine.generate(prompts, params, should_stop=_stop_after(2))
+    part = engine.generate(prompts, params, should_stop=stop_after(2))
     assert all(len(r) == 2 for r in part.response_ids) and part.policy_version == [0] * 4
     # new weights: scale every parameter so the continuation's distribution changes
     engine.update_weights((k, v * 1.5) for k, v in engine.model.named_parameters())

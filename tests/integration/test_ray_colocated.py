@@ -16,13 +16,6 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 def test_two_worker_colocated_run_writes_every_step(tmp_path: Path):
     from trainer.distributed.colocated_ray import train_colocated_ray
 

@@ -19,13 +19,6 @@ pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def ray_cluster():
-    yield
-    if ray.is_initialized():
-        ray.shutdown()
-
-
 def _numbers(line: dict) -> dict:
     return {k: v for k, v in line["data"].items() if not k.startswith(("timing_s/", "perf/"))}
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tests.helpers.engines import stop_after
 from trainer.config import ModelConfig
 from trainer.models import eos_token_ids, load_model_and_tokenizer
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
@@ -30,16 +31,6 @@ def tiny():
 def _static(tiny, **kw) -> StaticRolloutEngine:
     model, tok, eos, _ = tiny
     return StaticRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=kw.pop("eos", eos), **kw)
-
-
-def _stop_after(k: int):
-    """A should_stop that answers False k times, then True."""
-    calls = {"n": 0}
-
-    def fn() -> bool:
-        calls["n"] += 1
-        return calls["n"] > k
-    return fn
 
 
 def _resume(engine: InterruptibleEngine, part: Rollout, params: SamplingParams, **kw) -> Rollout:
@@ -75,7 +66,7 @@ def test_interrupted_then_continued_greedy_equals_uninterrupted(tiny) -> None:
     full = _static(tiny).generate(prompts, params)
     assert full.finish_reasons[2] == "stop" and len(full.response_ids[2]) <= 3
     eng = _static(tiny)
-    part = eng.generate(prompts, params, should_stop=_stop_after(5))
+    part = eng.generate(prompts, params, should_stop=stop_after(5))
     for i, (ids, fin) in enumerate(zip(part.response_ids, part.finish_reasons)):
         if full.finish_reasons[i] == "stop" and len(full.response_ids[i]) <= 5:
             assert fin == "stop" and ids == full.response_ids[i]  # finished before the interrupt
@@ -91,7 +82,7 @@ def test_static_and_hf_agree_on_an_interrupted_and_continued_batch(tiny) -> None
     params = SamplingParams(n=1, greedy=True, max_new_tokens=10)
     hf = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=eos)
     st = _static(tiny)
-    got = [_resume(e, e.generate(prompts, params, should_stop=_stop_after(4)), params) for e in (hf, st)]
+    got = [_resume(e, e.generate(prompts, params, should_stop=stop_after(4)), params) for e in (hf, st)]
     _assert_same(got[1], got[0])
     assert all(len(r) == 10 or f == "stop" for r, f in zip(got[1].response_ids, got[1].finish_reasons))
 
@@ -106,7 +97,7 @@ def test_interrupt_before_the_first_token_and_across_bucket_chunks(tiny) -> None
     _assert_same(_resume(eng, none, params), full)
     # buckets of at most 2 rows: the interrupt lands in the first chunk, the second never starts
     chunked = _static(tiny, batch_buckets=[1, 2])
-    part = chunked.generate(prompts, params, should_stop=_stop_after(3))
+    part = chunked.generate(prompts, params, should_stop=stop_after(3))
     assert [len(r) for r in part.response_ids] == [3, 3, 0, 0]
     assert part.finish_reasons == ["abort"] * 4
     _assert_same(_resume(chunked, part, params), full)
@@ -116,7 +107,7 @@ def test_continuation_uses_new_weights_and_keeps_old_logprobs(tiny) -> None:
     model, _, _, prompts = tiny
     params = SamplingParams(n=2, temperature=0.8, max_new_tokens=7)
     eng = _static(tiny, eos=[], seed=5)
-    part = eng.generate(prompts[:2], params, should_stop=_stop_after(3))
+    part = eng.generate(prompts[:2], params, should_stop=stop_after(3))
     assert [len(r) for r in part.response_ids] == [3] * 4 and part.policy_version == [0] * 4
     new = {k: v.detach() * 1.3 for k, v in model.named_parameters()}  # every weight, fused ones included
     eng.update_weights(new.items())

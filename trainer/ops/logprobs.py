@@ -110,6 +110,18 @@ def _padded_rows(n: int, chunk: int) -> int:
     return min(chunk, -(-n // ROW_MULTIPLE) * ROW_MULTIPLE) if n < chunk else n
 
 
+
+def _accumulate_chunk_grads(d_logits: torch.Tensor, hc: torch.Tensor, w: torch.Tensor, dh_rows: torch.Tensor | None,
+                            dw: torch.Tensor | None, db: torch.Tensor | None) -> None:
+    """One chunk's share of the LM-head gradients from its logit gradient `d_logits` [C, V]:
+    hidden rows `dh_rows` [C, H] written, weight `dw` [V, H] and bias `db` [V] summed (fp32)."""
+    if dh_rows is not None:
+        dh_rows.copy_(d_logits @ w)
+    if dw is not None:
+        dw += d_logits.t() @ hc
+    if db is not None:
+        db += d_logits.float().sum(0)
+
 class _LMHeadLogprobs(torch.autograd.Function):
     """(logp [M], entropy [M]) of targets [M] from hidden [M, H] and the head weight [V, H], chunked."""
 
@@ -181,12 +193,7 @@ class _LMHeadLogprobs(torch.autograd.Function):
                 d_logits = dlogits(_pad_rows(hc, r), w, bias, _pad_rows(targets[i:i + c], r), _pad_rows(lse[i:i + c], r),
                                    _pad_rows(ent[i:i + c], r), _pad_rows(g_lp[i:i + c], r),
                                    None if g_h is None else _pad_rows(g_h[i:i + c], r), t)[:n]  # [C, V]
-                if need_h:
-                    dh[i:i + c] = d_logits @ w
-                if need_w:
-                    dw += d_logits.t() @ hc
-                if need_b:
-                    db += d_logits.float().sum(0)
+                _accumulate_chunk_grads(d_logits, hc, w, dh[i:i + c] if need_h else None, dw, db)
                 del d_logits
             return (dh.to(ctx.hidden_dtype) if need_h else None, dw.to(ctx.weight_dtype) if need_w else None,
                     db.to(bias.dtype) if need_b else None, None, None, None, None, None, None)
@@ -207,12 +214,7 @@ class _LMHeadLogprobs(torch.autograd.Function):
             p[rows[:n], targets[i:i + c]] += g_lp[i:i + c]  # the onehot(t) term
             d_logits = p.to(w.dtype)  # [C, V]
             del p
-            if need_h:
-                dh[i:i + c] = d_logits @ w
-            if need_w:
-                dw += d_logits.t() @ hc
-            if need_b:
-                db += d_logits.float().sum(0)
+            _accumulate_chunk_grads(d_logits, hc, w, dh[i:i + c] if need_h else None, dw, db)
             del d_logits
         dh = dh.to(ctx.hidden_dtype) if need_h else None
         dw = dw.to(ctx.weight_dtype) if need_w else None

@@ -52,6 +52,7 @@ from trainer.rollout.vllm_engine import (
     missing_engine_error,
     model_dir_for_engine,
     normalize_finish_reason,
+    require_cuda,
 )
 
 _BUCKET_BYTES = 512 << 20
@@ -222,9 +223,7 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
         import sglang
     except ImportError as e:
         raise missing_engine_error("sglang", e) from None
-    if device.type != "cuda":
-        raise ConfigError(f"rollout.engine=sglang needs a GPU, the trainer device is {device} "
-                          f"(fix: run on a GPU machine, or set rollout.engine=hf)")
+    require_cuda("sglang", device)
     check_logprob_env(os.environ if environ is None else environ)
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer)
     engine = sglang.Engine(**engine_kwargs(cfg, model_dir, device))

@@ -65,6 +65,13 @@ def missing_engine_error(engine: str, err: ImportError) -> ConfigError:
                        f"(fix: pip install 'rlbench[{engine}]' on a GPU machine, or set rollout.engine=hf)")
 
 
+def require_cuda(engine: str, device: torch.device) -> None:
+    """The one-line error for a server engine on a trainer device that is not a GPU."""
+    if device.type != "cuda":
+        raise ConfigError(f"rollout.engine={engine} needs a GPU, the trainer device is {device} "
+                          f"(fix: run on a GPU machine, or set rollout.engine=hf)")
+
+
 def hf_weight_name(name: str) -> str:
     """The HF checkpoint name of a trainer parameter: wrapper prefixes removed anywhere in the path."""
     parts = [p for p in name.split(".") if p not in {w.rstrip(".") for w in _WRAPPER_PREFIXES}]
@@ -241,9 +248,7 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
         from vllm.inputs import TokensPrompt
     except ImportError as e:
         raise missing_engine_error("vllm", e) from None
-    if device.type != "cuda":
-        raise ConfigError(f"rollout.engine=vllm needs a GPU, the trainer device is {device} "
-                          f"(fix: run on a GPU machine, or set rollout.engine=hf)")
+    require_cuda("vllm", device)
     env = os.environ if environ is None else environ
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         env.update(launcher_env(env, _free_port(), device.index or 0))
