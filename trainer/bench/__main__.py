@@ -70,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         "sets actor.compile (compiled decoder layers and LM-head chunks), e.g. bf16,bf16_params,bf16_params+compile"))
     ap.add_argument("--profile", action="store_true", help="kernel-time table of one training step")
     ap.add_argument("--grpo-steps", type=int, default=4)
+    ap.add_argument("--grpo-modes", default="bf16", help=(
+        "this trainer's variants in the grpo section, comma-separated: bf16, bf16_params or none, optionally "
+        "followed by +compile (actor.compile) and/or +compile_decode (static engine option)"))
+    ap.add_argument("--grpo-chunk", type=int, default=1024, help="actor.logprob_chunk_size in the grpo section")
+    ap.add_argument("--no-trl", action="store_true", help="grpo section without TRL's side")
+    ap.add_argument("--compile-decode", action="store_true", help="rollout section: static engine compile_decode")
     ap.add_argument("--peak-tflops", type=float, default=None, help="vendor bf16 peak override")
     args = ap.parse_args(argv)
     bad = [s for s in args.sections if s not in SECTIONS]
@@ -110,10 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         engines = ("static", "hf_generate") if args.hf_generate else ("static",)
         rows = run("rollout", lambda: perf.bench_rollout(
             args.rollout_shape, [int(b) for b in args.batches.split(",")], prompt_len=args.prompt_len,
-            new_tokens=args.new_tokens, copy_gbps=ceil["copy_gbps"], device=dev, engines=engines))
+            new_tokens=args.new_tokens, copy_gbps=ceil["copy_gbps"], device=dev, engines=engines,
+            compile_decode=args.compile_decode))
         if rows:
-            summary.append(table(rows, ["engine", "batch", "tok_s", "roofline_tok_s", "frac_roofline",
-                                        "graph_capture_s", "first_call_s"]))
+            summary.append(table(rows, ["engine", "batch", "compile_decode", "tok_s", "roofline_tok_s",
+                                        "frac_roofline", "graph_capture_s", "first_call_s"]))
     if "train" in args.sections:
         rows = []
         variants = [(shape, int(c), m) for shape in args.train_shapes.split(",")
@@ -148,15 +155,27 @@ def main(argv: list[str] | None = None) -> int:
     if "grpo" in args.sections:
         kw = dict(num_prompts=8, n=8, prompt_len=args.prompt_len, new_tokens=args.new_tokens, device=dev,
                   steps=args.grpo_steps)
-        a = run("grpo_rlbench", lambda: grpo_step.ours(args.rollout_shape, **kw))
-        b = run("grpo_trl", lambda: grpo_step.trl(args.rollout_shape, **kw))
-        rows = [r for r in (a, b) if r]
+        ours = []
+        for mode in args.grpo_modes.split(","):
+            prec, *extras = mode.split("+")
+            if prec not in ("bf16", "bf16_params", "none") or not set(extras) <= {"compile", "compile_decode"}:
+                raise ConfigError(f"trainer.bench --grpo-modes: unknown mode {mode!r} (fix: bf16, bf16_params or "
+                                  "none, optionally followed by +compile and/or +compile_decode)")
+            tag = grpo_step.mode_tag(prec, "compile" in extras, "compile_decode" in extras)
+            r = run(f"grpo_rlbench_{tag.replace('+', '_')}", lambda: grpo_step.ours(
+                args.rollout_shape, mixed_precision=prec, chunk=args.grpo_chunk, compile_actor="compile" in extras,
+                compile_decode="compile_decode" in extras, **kw))
+            if r:
+                ours.append(r)
+        b = None if args.no_trl else run("grpo_trl", lambda: grpo_step.trl(args.rollout_shape, **kw))
+        rows = ours + [b] if b else ours
         if rows:
-            summary.append(table(rows, ["side", "median_step_s", "completion_tok_s", "peak_mem_gib"]))
-        if a and b:
-            summary.append(f"completion tok/s ratio rlbench/trl: {a['completion_tok_s'] / b['completion_tok_s']:.2f}")
-        if a:
-            summary.append(f"step-0 mismatch: {json.dumps(a['step0_mismatch'])}")
+            summary.append(table(rows, ["side", "mode", "median_step_s", "completion_tok_s", "peak_mem_gib"]))
+        for a in ours:
+            if b:
+                summary.append(f"completion tok/s ratio rlbench ({a['mode']}) / trl: "
+                               f"{a['completion_tok_s'] / b['completion_tok_s']:.2f}")
+            summary.append(f"step-0 mismatch ({a['mode']}): {json.dumps(a['step0_mismatch'])}")
     print("\n\n".join(summary), flush=True)
     (out / "summary.txt").write_text("\n\n".join(summary) + "\n")
     return 0

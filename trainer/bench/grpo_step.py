@@ -32,18 +32,23 @@ from trainer.rollout.base import SamplingParams
 
 
 def ours(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: int, device: torch.device,
-         steps: int = 5, warmup: int = 1, micro: int = 32) -> dict[str, Any]:
+         steps: int = 5, warmup: int = 1, micro: int = 32, mixed_precision: str = "bf16", chunk: int = 1024,
+         compile_actor: bool = False, compile_decode: bool = False) -> dict[str, Any]:
+    """This trainer's step; `mixed_precision` / `chunk` / `compile_actor` are the actor's
+    `mixed_precision` / `logprob_chunk_size` / `compile` (fp32 master weights in every mode),
+    `compile_decode` the static engine's option of that name."""
     from trainer.rollout.static import StaticRolloutEngine
 
     model = shape_model(shape, "float32", device)
-    actor = Actor(model, ActorConfig(lr=1e-6, ppo_mini_batch_size=num_prompts, ppo_micro_batch_size_per_gpu=micro,
-                                     mixed_precision="bf16"), temperature=1.0, max_response_length=new_tokens,
-                  device=device)
+    acfg = ActorConfig(lr=1e-6, ppo_mini_batch_size=num_prompts, ppo_micro_batch_size_per_gpu=micro,
+                       mixed_precision=mixed_precision, logprob_chunk_size=chunk, compile=compile_actor)
+    actor = Actor(model, acfg, temperature=1.0, max_response_length=new_tokens, device=device)
     engine = StaticRolloutEngine(model, pad_token_id=0, eos_token_ids=[], dtype=torch.bfloat16, device=device,
-                                 prompt_bucket=prompt_len)
+                                 prompt_bucket=prompt_len, compile_decode=compile_decode)
     params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens)
     rng = random.Random(0)
     times: list[float] = []
+    warmup_s: list[float] = []
     parts: list[dict[str, float]] = []
     mismatch: dict[str, float] = {}
     for step in range(warmup + steps):
@@ -71,17 +76,25 @@ def ours(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: i
         engine.update_weights(actor.named_weights())
         sync()
         t_end = time.perf_counter()
-        if step >= warmup:
+        if step < warmup:
+            warmup_s.append(t_end - t0)  # graph capture / compilation included
+        else:
             times.append(t_end - t0)
             parts.append({"gen_s": t_gen - t0, "update_s": t_upd - t_gen, "sync_s": t_end - t_upd})
     med = statistics.median(times)
     completion = num_prompts * n * new_tokens
-    out = {"side": "rlbench", "median_step_s": med, "completion_tok_s": completion / med, "times_s": times,
-           "parts": parts, "graph_capture_s": engine.compile_s, "step0_mismatch": mismatch,
+    out = {"side": "rlbench", "mode": mode_tag(mixed_precision, compile_actor, compile_decode), "chunk": chunk,
+           "median_step_s": med, "completion_tok_s": completion / med, "times_s": times,
+           "warmup_s": warmup_s, "parts": parts, "graph_capture_s": engine.compile_s, "step0_mismatch": mismatch,
            "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30}
     del actor, engine, model
     torch.cuda.empty_cache()
     return out
+
+
+def mode_tag(mixed_precision: str, compile_actor: bool, compile_decode: bool) -> str:
+    """`bf16_params+compile+compile_decode`-style name of one variant of this trainer's step."""
+    return "+".join([mixed_precision] + ["compile"] * compile_actor + ["compile_decode"] * compile_decode)
 
 
 def _wide_tokenizer(vocab: int) -> Any:

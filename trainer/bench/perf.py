@@ -95,8 +95,8 @@ def _total_params(config: Any) -> int:
 
 # ----------------------------------------------------------------------------- rollout
 def bench_rollout(shape: str, batches: list[int], *, prompt_len: int, new_tokens: int, copy_gbps: float,
-                  device: torch.device, repeats: int = 3, engines: tuple[str, ...] = ("static", "hf_generate")
-                  ) -> list[dict[str, Any]]:
+                  device: torch.device, repeats: int = 3, engines: tuple[str, ...] = ("static", "hf_generate"),
+                  compile_decode: bool = False) -> list[dict[str, Any]]:
     """Sampled decode tok/s per engine and batch size, every row running to `new_tokens`."""
     from trainer.rollout.static import StaticRolloutEngine
 
@@ -105,7 +105,7 @@ def bench_rollout(shape: str, batches: list[int], *, prompt_len: int, new_tokens
     rows: list[dict[str, Any]] = []
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens)
     engine = StaticRolloutEngine(model, pad_token_id=0, eos_token_ids=[], share_weights=True,
-                                 prompt_bucket=prompt_len) if "static" in engines else None
+                                 prompt_bucket=prompt_len, compile_decode=compile_decode) if "static" in engines else None
     for b in batches:
         prompts = random_prompts(b, prompt_len, cfg.vocab_size, seed=b)
         roof = decode_roofline(cfg, b, prompt_len, new_tokens, 2, copy_gbps)
@@ -123,7 +123,8 @@ def bench_rollout(shape: str, batches: list[int], *, prompt_len: int, new_tokens
                          "new_tokens": new_tokens, "median_s": med, "tok_s": b * new_tokens / med,
                          "roofline_tok_s": roof, "frac_roofline": b * new_tokens / med / roof,
                          "graph_capture_s": engine.compile_s - before, "first_call_s": first_s, "times_s": times,
-                         "cuda_graphs": engine.use_graphs, "graph_error": engine.graph_error})
+                         "cuda_graphs": engine.use_graphs, "graph_error": engine.graph_error,
+                         "compile_decode": compile_decode, "compile_error": getattr(engine, "compile_error", None)})
             del first
             engine.sleep()
         if "hf_generate" in engines:
@@ -231,7 +232,7 @@ def bench_training(shape: str, *, num_seqs: int, seq_len: int, prompt_len: int, 
     out["logprob_chunk_size"] = chunk
     if profile:
         t0 = time.perf_counter()
-        out["profile_top_kernels"], out["profile_kernel_total_ms"] = profile_top(step, with_total=True)
+        out["profile_top_kernels"], out["profile_kernel_total_ms"] = profile_top(step, top=40, with_total=True)
         out["profile_step_wall_s"] = time.perf_counter() - t0  # profiler overhead included
     del actor, model
     torch.cuda.empty_cache()
