@@ -16,6 +16,19 @@ the weights once plus each row's KV cache; everything else is overhead. This eng
   and the module's `q_proj.weight` etc. become views into them, so `update_weights` (an in-place
   copy into the module parameters) updates the fused weights for free.
 
+`compile_decode` (engine_kwargs, default off) runs the decode step's dense math through
+`torch.compile(dynamic=False, fullgraph=True)` so inductor fuses the elementwise work (RMSNorm casts,
+rotary, residual adds, SiLU * up, the fp32 log_softmax) into a few kernels per layer; the CUDA graph still
+wraps the whole step. Four pure functions of tensors are compiled: `rope_tables`, `pre_attn` (RMSNorm,
+fused QKV, Qwen3 q/k norm, rotary), `post_attn` (o_proj + residual, RMSNorm, SwiGLU + residual) and
+`lm_logprobs` (final norm, LM head, log_softmax); the same functions run eagerly in prefill and when the
+option is off. Weights are arguments, so every layer shares one graph. The KV-cache writes, attention and
+the generator-based sampling stay eager (an in-place write into the cache inside a compiled graph can
+become a copy of the whole cache). Cost: shapes are static, so each batch bucket (and temperature)
+compiles its own graphs during the warm-up before capture, counted in `compile_s` (seconds per bucket
+with inductor). A compiler failure falls back to the eager step, with the reason in `compile_error`;
+`compile_backend` (default `inductor`) picks the dynamo backend.
+
 Sampling is the exponential race (equivalent to sampling from the categorical distribution):
 `argmax_v p_v / E_v`, `E_v ~ Exp(1)`, which needs no host sync (unlike `torch.multinomial`).
 Log-probs use the trainer's definition, `log_softmax(logits / T)` in fp32 (greedy: `T = 1`), of
@@ -43,8 +56,8 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -84,6 +97,7 @@ class _Slot:
     out_tokens: torch.Tensor  # [B, R] long
     out_logps: torch.Tensor  # [B, R] float32
     graphs: dict  # sampling key -> torch.cuda.CUDAGraph
+    compiled: set = field(default_factory=set)  # sampling keys whose compiled kernels exist (compile_decode)
 
 
 def _filter(scaled: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -113,6 +127,83 @@ def _fuse(module: torch.nn.Module, names: list[str], attr: str) -> torch.Tensor 
     return fused
 
 
+# ---------------------------------------------------------------------- the math, as pure functions of tensors
+# Prefill and the eager decode step call these directly; `compile_decode` wraps the same functions in
+# torch.compile. Weights are arguments (not attributes) so all layers share one compiled graph.
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm as the HF modules compute it: fp32 statistics, cast back, then scale."""
+    return w * F.rms_norm(x.float(), (x.shape[-1],), eps=eps).to(x.dtype)
+
+
+def rope_tables(pos: torch.Tensor, inv_freq: torch.Tensor, scale: float, dtype: torch.dtype
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and signed sin `[..., D]` for position ids `[...]` (fp32 angles, cast to `dtype`).
+
+    The signed sin is (-sin, sin) over the two halves, so rotate_half(x) * sin == swap_halves(x) * signed_sin.
+    """
+    freqs = pos.float()[..., None] * inv_freq  # [..., D/2]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    sin = emb.sin() * scale
+    half = sin.shape[-1] // 2
+    signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
+    return (emb.cos() * scale).to(dtype), signed.to(dtype)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """HF's `x * cos + rotate_half(x) * sin`, with the half swap as one flip of a [2, D/2] view."""
+    swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
+    return x * cos + swapped * signed_sin
+
+
+def pre_attn(x: torch.Tensor, ln1: torch.Tensor, w_qkv: torch.Tensor, b_qkv: torch.Tensor | None,
+             q_norm: torch.Tensor | None, k_norm: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor,
+             n_q: int, n_kv: int, eps: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """RMSNorm, fused QKV projection, Qwen3 q/k norm, rotary: q `[B, nq, T, D]`, k and v `[B, nkv, T, D]`.
+
+    x `[B, T, H]`; cos and sin `[B, T, D]`.
+    """
+    b, t, _ = x.shape
+    d = cos.shape[-1]
+    qkv = F.linear(rms_norm(x, ln1, eps), w_qkv, b_qkv)  # [B, T, (nq + 2 nkv) D]
+    qk, v = qkv.split([(n_q + n_kv) * d, n_kv * d], dim=-1)
+    qk = qk.view(b, t, n_q + n_kv, d)
+    v = v.view(b, t, n_kv, d).transpose(1, 2)
+    if q_norm is not None and k_norm is not None:  # Qwen3: per-head RMSNorm of q and k before the rotation
+        q, k = qk.split([n_q, n_kv], dim=2)
+        qk = torch.cat([rms_norm(q, q_norm, eps), rms_norm(k, k_norm, eps)], dim=2)
+    qk = rotate(qk, cos[:, :, None], sin[:, :, None])  # q and k heads rotated together
+    q, k = qk.transpose(1, 2).split([n_q, n_kv], dim=1)
+    return q, k, v
+
+
+def post_attn(x: torch.Tensor, o: torch.Tensor, w_o: torch.Tensor, ln2: torch.Tensor, w_gu: torch.Tensor,
+              w_down: torch.Tensor, eps: float) -> torch.Tensor:
+    """Output projection + residual, then RMSNorm + SwiGLU MLP + residual: x `[B, T, H]`, o `[B, T, nq D]`."""
+    x = x + F.linear(o, w_o)
+    g, u = F.linear(rms_norm(x, ln2, eps), w_gu).chunk(2, dim=-1)  # [B, T, I] each
+    return x + F.linear(F.silu(g) * u, w_down)
+
+
+def lm_logprobs(x: torch.Tensor, norm_w: torch.Tensor, lm_head: torch.Tensor, eps: float, temperature: float
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final norm + LM head on x `[B, H]`: fp32 logits / T and their log_softmax, both `[B, V]`."""
+    scaled = F.linear(rms_norm(x, norm_w, eps), lm_head).float() / temperature
+    return scaled, torch.log_softmax(scaled, dim=-1)
+
+
+class _Fns(NamedTuple):
+    """The decode step's dense math: the functions above, or torch.compile wrappers of them."""
+
+    rope: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+    pre_attn: Callable[..., tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    post_attn: Callable[..., torch.Tensor]
+    head: Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+_EAGER = _Fns(rope_tables, pre_attn, post_attn, lm_logprobs)
+
+
 class StaticRolloutEngine(InterruptibleEngine):
     name = "static"
 
@@ -139,8 +230,13 @@ class StaticRolloutEngine(InterruptibleEngine):
         self.check_every: int = int(opts.get("check_every", 32 if on_cuda else 1))
         self.max_slots: int = max(int(opts.get("max_slots", 4)), 1)  # (batch, length) buffers + graphs kept
         self.free_on_sleep: bool = bool(opts.get("free_on_sleep", True))
-        self.compile_s = 0.0  # seconds spent capturing graphs (reported apart from decode time)
+        self.compile_decode: bool = bool(opts.get("compile_decode", False))  # torch.compile the dense math
+        self.compile_backend: str | Callable = opts.get("compile_backend", "inductor")
+        self.compile_s = 0.0  # seconds spent compiling and capturing graphs (reported apart from decode time)
         self.graph_error: str | None = None  # why graph capture failed, when it did
+        self.compile_error: str | None = None  # why compile_decode fell back to eager, when it did
+        self._fns: _Fns = _EAGER  # the decode step's dense math
+        self._compiled: _Fns | None = None  # torch.compile wrappers, made on first use
         self._build()
         self._params = dict(self.model.named_parameters())
         self._slots: OrderedDict[tuple[int, int, int], _Slot] = OrderedDict()  # least recently used first
@@ -182,105 +278,66 @@ class StaticRolloutEngine(InterruptibleEngine):
                 q_norm=a.q_norm.weight if hasattr(a, "q_norm") else None,
                 k_norm=a.k_norm.weight if hasattr(a, "k_norm") else None))
 
-    def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """RMSNorm as the HF modules compute it: fp32 statistics, cast back, then scale."""
-        return w * F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype)
-
-    def _rope(self, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin `[..., D]` for position ids `[...]` (fp32 angles, cast to the model dtype).
-
-        The signed sin is (-sin, sin) over the two halves, so rotate_half(x) * sin == swap_halves(x) * signed_sin.
-        """
-        freqs = pos.float()[..., None] * self.inv_freq  # [..., D/2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        sin = emb.sin() * self.rope_scale
-        half = sin.shape[-1] // 2
-        signed = torch.cat([-sin[..., :half], sin[..., half:]], dim=-1)
-        return (emb.cos() * self.rope_scale).to(self.dtype), signed.to(self.dtype)
-
-    @staticmethod
-    def _rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-        """HF's `x * cos + rotate_half(x) * sin`, with the half swap as one flip of a [2, D/2] view."""
-        swapped = x.unflatten(-1, (2, -1)).flip(-2).flatten(-2)
-        return x * cos + swapped * signed_sin
-
-    def _qkv(self, lw: _Layer, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Projected, normed and rotated q `[B, nq, T, D]`, k and v `[B, nkv, T, D]` from h `[B, T, H]`."""
-        b, t, _ = h.shape
-        d = self.head_dim
-        qkv = F.linear(h, lw.w_qkv, lw.b_qkv)  # [B, T, (nq + 2 nkv) D]
-        qk, v = qkv.split([(self.n_q + self.n_kv) * d, self.n_kv * d], dim=-1)
-        qk = qk.view(b, t, self.n_q + self.n_kv, d)
-        v = v.view(b, t, self.n_kv, d).transpose(1, 2)
-        if lw.q_norm is not None:  # Qwen3: per-head RMSNorm of q and k before the rotation
-            q, k = qk.split([self.n_q, self.n_kv], dim=2)
-            qk = torch.cat([self._norm(q, lw.q_norm), self._norm(k, lw.k_norm)], dim=2)
-        qk = self._rotate(qk, cos[:, :, None], sin[:, :, None])  # q and k heads rotated together
-        q, k = qk.transpose(1, 2).split([self.n_q, self.n_kv], dim=1)
-        return q, k, v
-
-    def _mlp(self, lw: _Layer, x: torch.Tensor) -> torch.Tensor:
-        gu = F.linear(self._norm(x, lw.ln2), lw.w_gu)
-        g, u = gu.chunk(2, dim=-1)
-        return F.linear(F.silu(g) * u, lw.w_down)
-
-    def _prefill(self, slot: _Slot, ids: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Fill cache columns [0, P) from left-padded prompts `ids` [B, P]; return last-position logits [B, V]."""
+    def _prefill(self, slot: _Slot, ids: torch.Tensor, attn: torch.Tensor, temperature: float
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill cache columns [0, P) from left-padded prompts `ids` [B, P]; last-position scaled logits, log-probs."""
         b, p = ids.shape
         pos = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, P]
-        cos, sin = self._rope(pos)  # [B, P, D]
+        cos, sin = rope_tables(pos, self.inv_freq, self.rope_scale, self.dtype)  # [B, P, D]
         causal = torch.ones(p, p, dtype=torch.bool, device=ids.device).tril()
         mask = (causal[None] & attn.bool()[:, None, :]) | torch.eye(p, dtype=torch.bool, device=ids.device)[None]
         mask = mask[:, None]  # [B, 1, P, P]; the diagonal keeps all-pad query rows finite
         group = self.n_q // self.n_kv
         x = F.embedding(ids, self.embed)  # [B, P, H]
         for i, lw in enumerate(self.layers):
-            q, k, v = self._qkv(lw, self._norm(x, lw.ln1), cos, sin)
+            q, k, v = pre_attn(x, lw.ln1, lw.w_qkv, lw.b_qkv, lw.q_norm, lw.k_norm, cos, sin,
+                               self.n_q, self.n_kv, self.eps)
             slot.cache[i, 0, :, :, :p] = k
             slot.cache[i, 1, :, :, :p] = v
             o = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
                                                attn_mask=mask, scale=self.scale)  # [B, nq, P, D]
-            x = x + F.linear(o.transpose(1, 2).reshape(b, p, -1), lw.w_o)
-            x = x + self._mlp(lw, x)
-        return F.linear(self._norm(x[:, -1], self.final_norm), self.lm_head)  # [B, V]
+            x = post_attn(x, o.transpose(1, 2).reshape(b, p, -1), lw.w_o, lw.ln2, lw.w_gu, lw.w_down, self.eps)
+        return lm_logprobs(x[:, -1], self.final_norm, self.lm_head, self.eps, temperature)  # [B, V] each
 
-    def _sample(self, logits: torch.Tensor, params: SamplingParams) -> tuple[torch.Tensor, torch.Tensor]:
-        """Tokens [B] and their log-probs [B] from logits [B, V] (no host sync)."""
+    def _sample(self, scaled: torch.Tensor, logp: torch.Tensor, params: SamplingParams
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tokens [B] and their log-probs [B] from logits / T and their log_softmax, [B, V] each (no host sync)."""
         if params.greedy:
-            logp = torch.log_softmax(logits.float(), dim=-1)  # [B, V]
             tok = logp.argmax(-1)
-            return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
-        scaled = logits.float() / params.temperature  # [B, V]
-        logp = torch.log_softmax(scaled, dim=-1)
-        if params.top_k > 0 or params.top_p < 1.0:
-            probs = torch.softmax(_filter(scaled, params), dim=-1)
         else:
-            probs = logp.exp()
-        race = torch.empty_like(probs).exponential_(generator=self._gen)
-        tok = (probs / race).argmax(-1)  # exponential race == one categorical draw per row
+            if params.top_k > 0 or params.top_p < 1.0:
+                probs = torch.softmax(_filter(scaled, params), dim=-1)
+            else:
+                probs = logp.exp()
+            race = torch.empty_like(probs).exponential_(generator=self._gen)
+            tok = (probs / race).argmax(-1)  # exponential race == one categorical draw per row
         return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
 
     def _decode_step(self, slot: _Slot, params: SamplingParams) -> None:
-        """One token for every row: reads slot.tokens/pos/col/t, writes the outputs, advances counters."""
+        """One token for every row: reads slot.tokens/pos/col/t, writes the outputs, advances counters.
+
+        The dense math goes through `self._fns` (eager or compiled); the cache writes, attention and
+        sampling stay eager.
+        """
+        fns = self._fns
         b = slot.tokens.shape[0]
         s = slot.cache.shape[4]
         cols = torch.arange(s, device=slot.tokens.device)
         mask = ((cols[None] >= slot.pad_left[:, None]) & (cols[None] <= slot.col))[:, None, None]  # [B, 1, 1, S]
-        cos, sin = self._rope(slot.pos[:, None])  # [B, 1, D]
+        cos, sin = fns.rope(slot.pos[:, None], self.inv_freq, self.rope_scale, self.dtype)  # [B, 1, D]
         group = self.n_q // self.n_kv
         x = F.embedding(slot.tokens[:, None], self.embed)  # [B, 1, H]
         for i, lw in enumerate(self.layers):
-            q, k, v = self._qkv(lw, self._norm(x, lw.ln1), cos, sin)  # [B, nq, 1, D], [B, nkv, 1, D]
+            q, k, v = fns.pre_attn(x, lw.ln1, lw.w_qkv, lw.b_qkv, lw.q_norm, lw.k_norm, cos, sin,
+                                   self.n_q, self.n_kv, self.eps)  # [B, nq, 1, D], [B, nkv, 1, D]
             kc, vc = slot.cache[i, 0], slot.cache[i, 1]  # [B, nkv, S, D]
             kc.index_copy_(2, slot.col, k)
             vc.index_copy_(2, slot.col, v)
-            qg = q.view(b, self.n_kv, group, self.head_dim)  # the group's query heads share one KV head
+            qg = q.reshape(b, self.n_kv, group, self.head_dim)  # the group's query heads share one KV head
             o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask, scale=self.scale)  # [B, nkv, g, D]
-            x = x + F.linear(o.reshape(b, 1, -1), lw.w_o)
-            x = x + self._mlp(lw, x)
-        logits = F.linear(self._norm(x[:, 0], self.final_norm), self.lm_head)  # [B, V]
-        tok, logp = self._sample(logits, params)
+            x = fns.post_attn(x, o.reshape(b, 1, -1), lw.w_o, lw.ln2, lw.w_gu, lw.w_down, self.eps)
+        temperature = 1.0 if params.greedy else float(params.temperature)
+        tok, logp = self._sample(*fns.head(x[:, 0], self.final_norm, self.lm_head, self.eps, temperature), params)
         slot.out_tokens.index_copy_(1, slot.t, tok[:, None])
         slot.out_logps.index_copy_(1, slot.t, logp[:, None])
         slot.done.logical_or_((tok[:, None] == slot.stop[None]).any(-1) | (slot.t + 1 >= slot.limit))
@@ -312,15 +369,54 @@ class StaticRolloutEngine(InterruptibleEngine):
                 out_logps=z(b, r, dt=torch.float32), graphs={})
         return self._slots[key]
 
+    @staticmethod
+    def _state(slot: _Slot) -> tuple[torch.Tensor, ...]:
+        """The buffers a decode step writes (saved around warm-up steps, which must leave no trace)."""
+        return slot.cache, slot.tokens, slot.pos, slot.col, slot.t, slot.done, slot.out_tokens, slot.out_logps
+
+    def _compile_for(self, slot: _Slot, params: SamplingParams, key: tuple) -> None:
+        """Compile the dense math for this bucket and sampling key by running one step; eager if that fails.
+
+        dynamo specializes on shapes (`dynamic=False`), so each batch bucket (and temperature) compiles
+        its own graphs; the weights are graph inputs, so the layers share them.
+        """
+        t0 = time.perf_counter()
+        if self._compiled is None:
+            opts = dict(backend=self.compile_backend, dynamic=False, fullgraph=True)
+            self._compiled = _Fns(*(torch.compile(f, **opts) for f in _EAGER))
+        saved = [x.clone() for x in self._state(slot)]
+        rng = self._gen.get_state()  # the warm-up's draws are given back: same seed, same samples as eager
+        self._fns = self._compiled
+        try:
+            # one graph set per bucket and temperature: allow more than dynamo's default 8 per function
+            with torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit)):
+                self._decode_step(slot, params)
+        except Exception as e:  # noqa: BLE001 -- any compiler failure: decode eagerly, say why
+            inner = getattr(e, "inner_exception", None) or e.__cause__  # dynamo wraps the backend's own error
+            first = lambda x: (str(x).strip().splitlines() or [""])[0]
+            self.compile_error = f"{type(e).__name__}: {first(e)}"
+            if inner is not None:
+                self.compile_error += f" ({type(inner).__name__}: {first(inner)})"
+            self.compile_decode = False
+            self._fns = _EAGER
+        for dst, src in zip(self._state(slot), saved):
+            dst.copy_(src)
+        self._gen.set_state(rng)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        slot.compiled.add(key)
+        self.compile_s += time.perf_counter() - t0
+
     def _replay_fn(self, slot: _Slot, params: SamplingParams):
         """A callable running one decode step: a captured graph on CUDA, the eager step elsewhere."""
+        key = (params.greedy, params.temperature, params.top_k, params.top_p)
+        if self.compile_decode and key not in slot.compiled:  # before capture: kernels compiled, autotuned
+            self._compile_for(slot, params, key)
         if not self.use_graphs:
             return lambda: self._decode_step(slot, params)
-        key = (params.greedy, params.temperature, params.top_k, params.top_p)
         if key not in slot.graphs:
             t0 = time.perf_counter()
-            saved = [x.clone() for x in (slot.cache, slot.tokens, slot.pos, slot.col, slot.t, slot.done,
-                                         slot.out_tokens, slot.out_logps)]
+            saved = [x.clone() for x in self._state(slot)]
             side = torch.cuda.Stream()
             side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(side):
@@ -337,12 +433,10 @@ class StaticRolloutEngine(InterruptibleEngine):
             except RuntimeError as e:  # capture unsupported here: decode eagerly, say why
                 self.graph_error = f"{type(e).__name__}: {str(e).splitlines()[0]}"
                 self.use_graphs = False
-                for dst, src in zip((slot.cache, slot.tokens, slot.pos, slot.col, slot.t, slot.done,
-                                     slot.out_tokens, slot.out_logps), saved):
+                for dst, src in zip(self._state(slot), saved):
                     dst.copy_(src)
                 return lambda: self._decode_step(slot, params)
-            for dst, src in zip((slot.cache, slot.tokens, slot.pos, slot.col, slot.t, slot.done,
-                                 slot.out_tokens, slot.out_logps), saved):
+            for dst, src in zip(self._state(slot), saved):
                 dst.copy_(src)
             torch.cuda.synchronize()
             slot.graphs[key] = graph
@@ -421,8 +515,8 @@ class StaticRolloutEngine(InterruptibleEngine):
         slot.out_tokens.zero_()
         slot.out_logps.zero_()
 
-        logits = self._prefill(slot, ids, attn)  # [B, V]
-        tok, logp = self._sample(logits, params)
+        temperature = 1.0 if params.greedy else float(params.temperature)
+        tok, logp = self._sample(*self._prefill(slot, ids, attn, temperature), params)
         slot.out_tokens[:, 0] = tok
         slot.out_logps[:, 0] = logp
         slot.done.copy_((tok[:, None] == slot.stop[None]).any(-1) | (slot.limit <= 1))
