@@ -19,12 +19,21 @@ runs the rest in eager. Measured on CPU with a 12-layer tiny Qwen2 (`TORCH_LOGS=
   rows, bounding the graphs to (width buckets x micro-batch row counts);
 - `recompile_limit` is raised to `RECOMPILE_LIMIT` so that these buckets never fall back to eager.
 
+Inductor's compile worker pool is turned off (`compile_threads = 1`, unless TORCHINDUCTOR_COMPILE_THREADS
+is set): on an H200 (torch 2.11), while the pool's worker processes were alive the compiled 1.5B training step
+took 0.43-0.44 s instead of 0.33 s in 5 of 7 processes (every process that loaded its graphs from inductor's
+cache, and cold ones after a few steps), with the same 307 ms of kernel time per step, so the extra time was
+host-side gaps; with the pool off, warm and cold processes both ran 0.329-0.331 s per step and a cold compile
+took no longer (reports/sm90/README.md, run 5).
+
 Cost: the first step of each new shape compiles (about 9 s cold, under 2 s from inductor's cache
 for the 1.5B shape on an H200); CPU-side guard checks on every layer call. Single worker only (not with
 FSDP2-sharded models), and not with gradient checkpointing.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -51,9 +60,17 @@ def raise_recompile_limit(limit: int = RECOMPILE_LIMIT) -> None:
         cfg.accumulated_recompile_limit = max(int(cfg.accumulated_recompile_limit), 4 * limit)
 
 
+def compile_in_process() -> None:
+    """Compile without inductor's worker pool (see the module docstring), unless the environment chose."""
+    if "TORCHINDUCTOR_COMPILE_THREADS" not in os.environ:
+        import torch._inductor.config as inductor_config
+        inductor_config.compile_threads = 1
+
+
 def compile_decoder_layers(model: torch.nn.Module, backend: str = "inductor") -> int:
     """`torch.compile(dynamic=False)` every decoder layer in place; returns how many were wrapped."""
     raise_recompile_limit()
+    compile_in_process()
     layers = decoder_layers(model)
     for layer in layers:
         layer.compile(backend=backend, dynamic=False)

@@ -62,6 +62,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from trainer.backends.compile import compile_in_process, raise_recompile_limit
 from trainer.errors import ModelError
 from trainer.rollout.base import InterruptibleEngine, SamplingParams, copy_weights_in_place, engine_model
 
@@ -383,14 +384,14 @@ class StaticRolloutEngine(InterruptibleEngine):
         t0 = time.perf_counter()
         if self._compiled is None:
             opts = dict(backend=self.compile_backend, dynamic=False, fullgraph=True)
+            compile_in_process()
+            raise_recompile_limit()  # one graph set per bucket and temperature: more than dynamo's default 8
             self._compiled = _Fns(*(torch.compile(f, **opts) for f in _EAGER))
         saved = [x.clone() for x in self._state(slot)]
         rng = self._gen.get_state()  # the warm-up's draws are given back: same seed, same samples as eager
         self._fns = self._compiled
         try:
-            # one graph set per bucket and temperature: allow more than dynamo's default 8 per function
-            with torch._dynamo.config.patch(recompile_limit=max(64, torch._dynamo.config.recompile_limit)):
-                self._decode_step(slot, params)
+            self._decode_step(slot, params)
         except Exception as e:  # noqa: BLE001 -- any compiler failure: decode eagerly, say why
             inner = getattr(e, "inner_exception", None) or e.__cause__  # dynamo wraps the backend's own error
             first = lambda x: (str(x).strip().splitlines() or [""])[0]
