@@ -3,6 +3,10 @@
 Sections: ceilings, rollout, train, sync, grpo (this trainer vs TRL's GRPOTrainer, same run).
 Each section writes `DIR/<section>.json` as soon as it finishes; a section that fails records its
 error and the others still run. Every file carries the machine, versions and commit.
+The defaults compare the eager and the compiled variants side by side: the static engine with and
+without `compile_decode`, training with and without `actor.compile` (`bf16_params`, LM-head chunk
+4096), and the GRPO step in the `bf16` and the fully compiled configuration against TRL
+(reports/sm90/README.md, run 5). On one H200: `bash tests/gpu/run_all.sh` (about 6 minutes).
 """
 
 from __future__ import annotations
@@ -50,6 +54,15 @@ def table(rows: list[dict[str, Any]], keys: list[str]) -> str:
     return "\n".join("  ".join(c[i].rjust(widths[i]) for i in range(len(keys))) for c in cells)
 
 
+def parse_mode(mode: str, flag: str, allowed: set[str]) -> tuple[str, list[str]]:
+    """`bf16_params+compile` -> ("bf16_params", ["compile"]); a one-line ConfigError naming the flag otherwise."""
+    prec, *extras = mode.split("+")
+    if prec not in ("bf16", "bf16_params", "none") or not set(extras) <= allowed:
+        raise ConfigError(f"trainer.bench {flag}: unknown mode {mode!r} (fix: bf16, bf16_params or none, optionally "
+                          f"followed by {' and/or '.join('+' + a for a in sorted(allowed))})")
+    return prec, extras
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m trainer.bench", description=__doc__)
     ap.add_argument("sections", nargs="*", default=list(SECTIONS), help=f"any of {', '.join(SECTIONS)}")
@@ -64,23 +77,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--train-len", type=int, default=1024)
     ap.add_argument("--train-micro", type=int, default=16)
     ap.add_argument("--steps", type=int, default=3)
-    ap.add_argument("--train-chunks", default="1024", help="actor.logprob_chunk_size values to compare")
-    ap.add_argument("--train-modes", default="bf16", help=(
+    ap.add_argument("--train-chunks", default="4096", help="actor.logprob_chunk_size values to compare")
+    ap.add_argument("--train-modes", default="bf16_params,bf16_params+compile", help=(
         "actor.mixed_precision values to compare (bf16, bf16_params, none); '+compile' after one also "
         "sets actor.compile (compiled decoder layers and LM-head chunks), e.g. bf16,bf16_params,bf16_params+compile"))
     ap.add_argument("--profile", action="store_true", help="kernel-time table of one training step")
     ap.add_argument("--grpo-steps", type=int, default=4)
-    ap.add_argument("--grpo-modes", default="bf16", help=(
+    ap.add_argument("--grpo-modes", default="bf16,bf16_params+compile+compile_decode", help=(
         "this trainer's variants in the grpo section, comma-separated: bf16, bf16_params or none, optionally "
         "followed by +compile (actor.compile) and/or +compile_decode (static engine option)"))
-    ap.add_argument("--grpo-chunk", type=int, default=1024, help="actor.logprob_chunk_size in the grpo section")
+    ap.add_argument("--grpo-chunk", type=int, default=4096, help="actor.logprob_chunk_size in the grpo section")
     ap.add_argument("--no-trl", action="store_true", help="grpo section without TRL's side")
-    ap.add_argument("--compile-decode", action="store_true", help="rollout section: static engine compile_decode")
+    ap.add_argument("--decode-modes", default="eager,compiled", help=(
+        "rollout section: the static engine without (eager) and/or with (compiled) its compile_decode option"))
     ap.add_argument("--peak-tflops", type=float, default=None, help="vendor bf16 peak override")
     args = ap.parse_args(argv)
     bad = [s for s in args.sections if s not in SECTIONS]
     if bad:
         raise ConfigError(f"trainer.bench: unknown section(s) {bad} (fix: choose from {', '.join(SECTIONS)})")
+    train_modes = [parse_mode(m, "--train-modes", {"compile"}) for m in args.train_modes.split(",")]
+    grpo_modes = [parse_mode(m, "--grpo-modes", {"compile", "compile_decode"}) for m in args.grpo_modes.split(",")]
+    decode_modes = tuple(args.decode_modes.split(","))
+    if not set(decode_modes) <= {"eager", "compiled"}:
+        raise ConfigError(f"trainer.bench --decode-modes: {args.decode_modes!r} (fix: eager, compiled or eager,compiled)")
     if not torch.cuda.is_available():
         raise ConfigError("trainer.bench needs a CUDA or ROCm device (fix: run it on a GPU machine)")
     from trainer.bench import grpo_step, perf
@@ -117,24 +136,20 @@ def main(argv: list[str] | None = None) -> int:
         rows = run("rollout", lambda: perf.bench_rollout(
             args.rollout_shape, [int(b) for b in args.batches.split(",")], prompt_len=args.prompt_len,
             new_tokens=args.new_tokens, copy_gbps=ceil["copy_gbps"], device=dev, engines=engines,
-            compile_decode=args.compile_decode))
+            decode_modes=decode_modes))
         if rows:
-            summary.append(table(rows, ["engine", "batch", "compile_decode", "tok_s", "roofline_tok_s",
+            summary.append(table(rows, ["engine", "decode", "batch", "tok_s", "roofline_tok_s",
                                         "frac_roofline", "graph_capture_s", "first_call_s"]))
     if "train" in args.sections:
         rows = []
         variants = [(shape, int(c), m) for shape in args.train_shapes.split(",")
-                    for m in args.train_modes.split(",") for c in args.train_chunks.split(",")]
-        for shape, chunk, mode in variants:
-            prec, _, extra = mode.partition("+")
-            if prec not in ("bf16", "bf16_params", "none") or extra not in ("", "compile"):
-                raise ConfigError(f"trainer.bench --train-modes: unknown mode {mode!r} "
-                                  "(fix: bf16, bf16_params or none, optionally followed by +compile)")
-            tag = mode.replace("+", "_")
+                    for m in train_modes for c in args.train_chunks.split(",")]
+        for shape, chunk, (prec, extras) in variants:
+            tag = "_".join([prec, *extras])
             r = run(f"train_{shape}_{tag}_c{chunk}", lambda: perf.bench_training(
                 shape, num_seqs=args.train_seqs, seq_len=args.train_len, prompt_len=32, micro=args.train_micro,
                 device=dev, matmul_tflops=ceil["bf16_matmul_tflops"], vendor_tflops=vendor, steps=args.steps,
-                chunk=chunk, profile=args.profile, mixed_precision=prec, compile_layers=extra == "compile"))
+                chunk=chunk, profile=args.profile, mixed_precision=prec, compile_layers="compile" in extras))
             if r:
                 rows.append(r)
                 for k in r.get("profile_top_kernels", [])[:12]:
@@ -156,11 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         kw = dict(num_prompts=8, n=8, prompt_len=args.prompt_len, new_tokens=args.new_tokens, device=dev,
                   steps=args.grpo_steps)
         ours = []
-        for mode in args.grpo_modes.split(","):
-            prec, *extras = mode.split("+")
-            if prec not in ("bf16", "bf16_params", "none") or not set(extras) <= {"compile", "compile_decode"}:
-                raise ConfigError(f"trainer.bench --grpo-modes: unknown mode {mode!r} (fix: bf16, bf16_params or "
-                                  "none, optionally followed by +compile and/or +compile_decode)")
+        for prec, extras in grpo_modes:
             tag = grpo_step.mode_tag(prec, "compile" in extras, "compile_decode" in extras)
             r = run(f"grpo_rlbench_{tag.replace('+', '_')}", lambda: grpo_step.ours(
                 args.rollout_shape, mixed_precision=prec, chunk=args.grpo_chunk, compile_actor="compile" in extras,

@@ -96,21 +96,25 @@ def _total_params(config: Any) -> int:
 # ----------------------------------------------------------------------------- rollout
 def bench_rollout(shape: str, batches: list[int], *, prompt_len: int, new_tokens: int, copy_gbps: float,
                   device: torch.device, repeats: int = 3, engines: tuple[str, ...] = ("static", "hf_generate"),
-                  compile_decode: bool = False) -> list[dict[str, Any]]:
-    """Sampled decode tok/s per engine and batch size, every row running to `new_tokens`."""
+                  decode_modes: tuple[str, ...] = ("eager", "compiled")) -> list[dict[str, Any]]:
+    """Sampled decode tok/s per engine and batch size, every row running to `new_tokens`.
+
+    `decode_modes`: the static engine without (`eager`) and with (`compiled`) its `compile_decode`
+    option, side by side in one process; compilation and graph capture are reported apart.
+    """
     from trainer.rollout.static import StaticRolloutEngine
 
     model = shape_model(shape, "bfloat16", device)
     cfg = model.config
     rows: list[dict[str, Any]] = []
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=new_tokens)
-    engine = StaticRolloutEngine(model, pad_token_id=0, eos_token_ids=[], share_weights=True,
-                                 prompt_bucket=prompt_len, compile_decode=compile_decode) if "static" in engines else None
+    static = [mode for mode in decode_modes if "static" in engines]
     for b in batches:
         prompts = random_prompts(b, prompt_len, cfg.vocab_size, seed=b)
         roof = decode_roofline(cfg, b, prompt_len, new_tokens, 2, copy_gbps)
-        if engine is not None:
-            before = engine.compile_s
+        for mode in static:
+            engine = StaticRolloutEngine(model, pad_token_id=0, eos_token_ids=[], share_weights=True,
+                                         prompt_bucket=prompt_len, compile_decode=mode == "compiled")
             sync()
             t0 = time.perf_counter()
             first = engine.generate(prompts, params)
@@ -119,14 +123,14 @@ def bench_rollout(shape: str, batches: list[int], *, prompt_len: int, new_tokens
             times, out = timed(lambda: engine.generate(prompts, params), repeats=repeats, warmup=0)
             assert all(len(r) == new_tokens for r in out.response_ids), "a row stopped early"
             med = statistics.median(times)
-            rows.append({"engine": "static", "shape": shape, "batch": b, "prompt_len": prompt_len,
+            rows.append({"engine": "static", "decode": mode, "shape": shape, "batch": b, "prompt_len": prompt_len,
                          "new_tokens": new_tokens, "median_s": med, "tok_s": b * new_tokens / med,
                          "roofline_tok_s": roof, "frac_roofline": b * new_tokens / med / roof,
-                         "graph_capture_s": engine.compile_s - before, "first_call_s": first_s, "times_s": times,
+                         "graph_capture_s": engine.compile_s, "first_call_s": first_s, "times_s": times,
                          "cuda_graphs": engine.use_graphs, "graph_error": engine.graph_error,
-                         "compile_decode": compile_decode, "compile_error": getattr(engine, "compile_error", None)})
-            del first
-            engine.sleep()
+                         "compile_decode": engine.compile_decode, "compile_error": engine.compile_error})
+            del first, engine
+            torch.cuda.empty_cache()
         if "hf_generate" in engines:
             ids = torch.tensor(prompts, device=device)
             gen = lambda: model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=True,
