@@ -6,7 +6,7 @@ error and the others still run. Every file carries the machine, versions and com
 The defaults compare the eager and the compiled variants side by side: the static engine with and
 without `compile_decode`, training with and without `actor.compile` (`bf16_params`, LM-head chunk
 4096), and the GRPO step in the `bf16` and the fully compiled configuration against TRL
-(reports/sm90/README.md, run 5). On one H200: `bash tests/gpu/run_all.sh` (about 6 minutes).
+(reports/sm90/README.md, run 5). On a GPU machine: `bash tests/gpu/run_all.sh`.
 """
 
 from __future__ import annotations
