@@ -113,3 +113,17 @@ def test_compiled_actor_update_matches_eager_and_compiles_a_fixed_set_of_graphs(
     # two AdamW steps at lr 1e-3 moved the weights; the compiled update moved them the same way
     assert float((we - w0).norm()) > 1e-2
     assert _rel(wc - w0, we - w0) < 1e-2  # Adam's first steps are ~lr * sign(g): near-zero grads can flip
+
+
+def test_compile_runs_in_process_unless_the_environment_chooses(monkeypatch):
+    import torch._inductor.config as inductor_config
+
+    from trainer.backends.compile import compile_in_process
+
+    monkeypatch.setattr(inductor_config, "compile_threads", 8)
+    monkeypatch.setenv("TORCHINDUCTOR_COMPILE_THREADS", "4")
+    compile_in_process()
+    assert inductor_config.compile_threads == 8  # the environment's choice is left to inductor
+    monkeypatch.delenv("TORCHINDUCTOR_COMPILE_THREADS")
+    compile_in_process()
+    assert inductor_config.compile_threads == 1  # no worker pool (see trainer/backends/compile.py)
