@@ -25,8 +25,10 @@ fused QKV, Qwen3 q/k norm, rotary), `post_attn` (o_proj + residual, RMSNorm, Swi
 option is off. Weights are arguments, so every layer shares one graph. The KV-cache writes, attention and
 the generator-based sampling stay eager (an in-place write into the cache inside a compiled graph can
 become a copy of the whole cache). Cost: shapes are static, so each batch bucket (and temperature)
-compiles its own graphs during the warm-up before capture, counted in `compile_s` (seconds per bucket
-with inductor). A compiler failure falls back to the eager step, with the reason in `compile_error`;
+compiles its own graphs during the warm-up before capture, counted in `compile_s` (6-8 s per bucket for
+the 0.5B shape on an H200; compiled in-process, as `actor.compile` is: trainer/backends/compile.py). Measured
+there: 1.30-1.49x decode tok/s at batch 256-16 (reports/sm90/README.md, run 5). Greedy tokens can differ
+from the eager step's on GPU (fused bf16 kernels round differently); on CPU in fp32 they match. A compiler failure falls back to the eager step, with the reason in `compile_error`;
 `compile_backend` (default `inductor`) picks the dynamo backend.
 
 Sampling is the exponential race (equivalent to sampling from the categorical distribution):
