@@ -28,8 +28,9 @@ become a copy of the whole cache). Cost: shapes are static, so each batch bucket
 compiles its own graphs during the warm-up before capture, counted in `compile_s` (6-8 s per bucket for
 the 0.5B shape on an H200; compiled in-process, as `actor.compile` is: trainer/backends/compile.py). Measured
 there: 1.30-1.49x decode tok/s at batch 256-16 (reports/sm90/README.md, run 5). Greedy tokens can differ
-from the eager step's on GPU (fused bf16 kernels round differently); on CPU in fp32 they match. A compiler failure falls back to the eager step, with the reason in `compile_error`;
-`compile_backend` (default `inductor`) picks the dynamo backend.
+from the eager step's on GPU (fused bf16 kernels round differently); on CPU in fp32 they match. A
+compiler failure falls back to the eager step, with the reason in `compile_error`; `compile_backend`
+(default `inductor`) picks the dynamo backend.
 
 Sampling is the exponential race (equivalent to sampling from the categorical distribution):
 `argmax_v p_v / E_v`, `E_v ~ Exp(1)`, which needs no host sync (unlike `torch.multinomial`).
