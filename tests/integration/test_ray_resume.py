@@ -1,7 +1,7 @@
 """Checkpoint/resume on the Ray paths (CPU workers, tiny model) and DAPO dynamic sampling on Ray workers.
 
 Colocated on 2 workers (FSDP2 over gloo): a run stopped after step 2's checkpoint and rerun logs the same
-numbers as an uninterrupted run. Fully-async: the resumed run continues at the checkpointed step and
+numbers as an uninterrupted run, for GRPO and for PPO with the critic (its weights and AdamW state resumed). Fully-async: the resumed run continues at the checkpointed step and
 policy version, with the checkpointed weights in the rollout worker. Each run takes ~15-40 s on 2 cores.
 """
 
@@ -31,16 +31,24 @@ def _colocated(out: Path, *overrides: str):
         "actor.ppo_mini_batch_size=2", "actor.lr=0.01", "actor.entropy_coeff=0.1", *overrides])
 
 
-def test_colocated_resume_reproduces_uninterrupted_run(tmp_path: Path):
+# PPO with the value model sharded over the 2 workers: its weights and AdamW state are in critic.pt
+PPO = ("algorithm.name=ppo", "algorithm.adv_estimator=gae", "critic.enable=true", "critic.lr=1e-3")
+
+
+@pytest.mark.parametrize("extra", [(), PPO], ids=["grpo", "ppo_critic"])
+def test_colocated_resume_reproduces_uninterrupted_run(tmp_path: Path, extra: tuple[str, ...]):
     from trainer.distributed.colocated_ray import train_colocated_ray
 
-    full = read_metrics(train_colocated_ray(_colocated(tmp_path / "full")))
+    full = read_metrics(train_colocated_ray(_colocated(tmp_path / "full", *extra)))
     part = tmp_path / "part"
-    train_colocated_ray(_colocated(part, "trainer.total_steps=2"))  # "killed" right after step 2's checkpoint
+    train_colocated_ray(_colocated(part, "trainer.total_steps=2", *extra))  # "killed" right after step 2's checkpoint
     ckpt = latest_checkpoint(part)
     assert ckpt is not None and ckpt.name == "step_000002"
     assert (ckpt / "state.pt").is_file() and (ckpt / "actor.pt").is_file()
-    resumed = read_metrics(train_colocated_ray(_colocated(part)))
+    assert (ckpt / "critic.pt").is_file() == bool(extra)
+    resumed = read_metrics(train_colocated_ray(_colocated(part, *extra)))
+    if extra:  # the critic trained and its numbers are among those compared below
+        assert full[4]["data"]["critic/grad_norm"] > 0 and "critic/vf_loss" in resumed[3]["data"]
 
     assert [ln["step"] for ln in resumed] == [0, 1, 2, 3, 4]  # nothing lost, nothing duplicated
     assert [ln["step"] for ln in full] == [0, 1, 2, 3, 4]

@@ -7,17 +7,24 @@ written directly: a copy of the policy's base model (initialized from the policy
 default) and a `Linear(H, 1)` head. Values are read at the same positions as the log-probs
 (`hidden[:, P-1:P-1+R]`), so `values[:, t]` is the value of the state before token t.
 The loss is verl's clipped value loss (`trainer/algorithms/policy_loss.py`).
+
+Data parallelism (the Ray path, `trainer/distributed/critic_state.py`): `shard` (e.g.
+`trainer.backends.fsdp.shard_model`) shards the value model with FSDP2 before the optimizer is
+built; token/sequence counts and the loss statistics are all-reduced over the workers as in
+`Actor.update`, so N workers on their shards of a global batch make the same update as one.
 """
 
 from __future__ import annotations
 
 import copy
 from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 
 from trainer.algorithms.aggregation import global_counts
 from trainer.algorithms.policy_loss import compute_value_loss
+from trainer.backends.actor import _all_reduce_sum
 from trainer.batch import Batch
 from trainer.config import CriticConfig
 
@@ -42,10 +49,13 @@ class ValueModel(torch.nn.Module):
 
 class Critic:
     def __init__(self, policy: torch.nn.Module, cfg: CriticConfig, *, device: torch.device, mini_batch_size: int,
-                 micro_batch_size: int, ppo_epochs: int, loss_agg_mode: str):
+                 micro_batch_size: int, ppo_epochs: int, loss_agg_mode: str,
+                 shard: Callable[[torch.nn.Module], torch.nn.Module] | None = None):
         self.cfg = cfg
         self.device = device
         self.model = ValueModel(policy).to(device)
+        if shard is not None:  # FSDP2 over the trainer workers: before the optimizer sees the parameters
+            self.model = shard(self.model)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.ppo_epochs, self.loss_agg_mode = ppo_epochs, loss_agg_mode
@@ -61,7 +71,7 @@ class Critic:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.ppo_epochs):
             for mini in batch.chunks(self.mini_batch_size * n):
-                counts = global_counts(mini.response_mask)
+                counts = _all_reduce_sum(global_counts(mini.response_mask), self.device)
                 self.optimizer.zero_grad(set_to_none=True)
                 stats: dict[str, float] = defaultdict(float)
                 for micro in mini.chunks(self.micro_batch_size):
@@ -74,7 +84,10 @@ class Critic:
                     w = micro.response_mask.sum().item() / max(counts["global_num_tokens"], 1.0)
                     stats["critic/vf_loss"] += loss.item()
                     stats["critic/vf_clipfrac"] += float(m["critic/vf_clipfrac"]) * w
+                # each worker's statistics are its share of the mini-batch's: their sum is the mini-batch value
+                stats = _all_reduce_sum({k: stats[k] for k in sorted(stats)}, self.device)
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+                gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn
                 if torch.isfinite(gn):
                     self.optimizer.step()
                 for k, v in stats.items():

@@ -47,8 +47,11 @@ def init_data_parallel(rank: int, world_size: int, master_addr: str, master_port
 
 
 def transformer_blocks(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The repeated decoder layers of a transformers causal LM (Llama/Qwen2/Qwen3 layout)."""
+    """The repeated decoder layers of a transformers causal LM (Llama/Qwen2/Qwen3 layout), or of a module
+    that names its transformer body in `base_model_prefix` (the critic's `ValueModel`)."""
     inner = getattr(model, "model", None)
+    if inner is None:
+        inner = getattr(model, getattr(model, "base_model_prefix", "") or "model", None)
     layers = getattr(inner, "layers", None)
     if layers is None:
         layers = getattr(getattr(model, "transformer", None), "h", None)

@@ -6,6 +6,7 @@
 - `trainer_worker.py` `TrainerWorker` actor: FSDP2 policy rank, optional colocated engine
 - `trainer_group.py`  driver-side handle on N trainer workers; advantages, step metrics, checkpoints
 - `actor_state.py`    the policy's full training state saved from / loaded into N FSDP2 workers
+- `critic_state.py`   PPO's value model on N workers: build, values, update, full training state
 - `rollout_worker.py` `RolloutWorker` actor: streaming, staleness-bounded generation (fully-async)
 - `colocated_ray.py`  the colocated loop over Ray workers (several devices, or trainer.use_ray)
 

@@ -16,6 +16,7 @@ while saving (about 12 bytes per parameter in fp32 with AdamW: 1.6 GB for SmolLM
 One worker (no FSDP2) uses `Actor.state_dict()` as is (the fp32 masters under `bf16_params`); its
 optimizer state is keyed by parameter index, the sharded one by parameter name, so a checkpoint
 records its `layout` and a run with the other layout refuses it with a ConfigError.
+The critic's file (`trainer/distributed/critic_state.py`) uses the same gather/scatter helpers.
 
 On multi-node runs the checkpoint folder (`trainer.out_dir`) must be a filesystem that both the
 driver and trainer rank 0 see (shared storage, as verl requires for its checkpoints).
@@ -34,45 +35,27 @@ from trainer.errors import ConfigError
 ACTOR_FILE = "actor.pt"
 
 
-def _layout(actor: Actor) -> str:
+def layout_of(model: torch.nn.Module) -> str:
     from trainer.backends.fsdp import is_sharded
 
-    return "fsdp_full" if is_sharded(actor.model) else "plain"
+    return "fsdp_full" if is_sharded(model) else "plain"
 
 
-def save_actor_state(actor: Actor, path: Path, rank: int) -> None:
-    """Gather the full training state to rank 0 and write it to `path` (a collective when sharded)."""
-    layout = _layout(actor)
-    if layout == "plain":
-        state: dict[str, Any] | None = actor.state_dict()
-    else:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions,
-            get_model_state_dict,
-            get_optimizer_state_dict,
-        )
+def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """`{"model", "optimizer"}` full state dicts of a sharded model on rank 0 ({} elsewhere; a collective)."""
+    from torch.distributed.checkpoint.state_dict import (
+        StateDictOptions,
+        get_model_state_dict,
+        get_optimizer_state_dict,
+    )
 
-        opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets the tensors, others {}
-        model = get_model_state_dict(actor.model, options=opts)
-        optim = get_optimizer_state_dict(actor.model, actor.optimizer, options=opts)
-        state = {"model": model, "optimizer": optim, "scheduler": actor.scheduler.state_dict()}
-    if rank == 0:
-        torch.save({"layout": layout, **state}, path)
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)  # rank 0 gets the tensors, others {}
+    return {"model": get_model_state_dict(model, options=opts),
+            "optimizer": get_optimizer_state_dict(model, optimizer, options=opts)}
 
 
-def load_actor_state(actor: Actor, path: Path, rank: int) -> None:
-    """Restore what `save_actor_state` wrote (a collective when sharded: rank 0 reads and broadcasts)."""
-    layout = _layout(actor)
-    state: dict[str, Any] = {}
-    if rank == 0 or layout == "plain":
-        state = torch.load(path, map_location="cpu", weights_only=False)
-        if state["layout"] != layout:
-            raise ConfigError(f"{path}: written by a run whose policy layout is {state['layout']}, this run's is "
-                              f"{layout} (fix: resume with the same trainer worker count, 1 vs several, or set "
-                              f"trainer.resume=false)")
-    if layout == "plain":
-        actor.load_state_dict(state)
-        return
+def scatter_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Inverse of `gather_full_state`: rank 0's full `state` broadcast, each rank keeps its shard (a collective)."""
     from torch.distributed.checkpoint.state_dict import (
         StateDictOptions,
         set_model_state_dict,
@@ -80,8 +63,41 @@ def load_actor_state(actor: Actor, path: Path, rank: int) -> None:
     )
 
     opts = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-    set_model_state_dict(actor.model, state.get("model", {}), options=opts)
-    set_optimizer_state_dict(actor.model, actor.optimizer, state.get("optimizer", {}), options=opts)
+    set_model_state_dict(model, state.get("model", {}), options=opts)
+    set_optimizer_state_dict(model, optimizer, state.get("optimizer", {}), options=opts)
+
+
+def read_state(path: Path, layout: str, what: str) -> dict[str, Any]:
+    """`torch.load` a state file, refusing one written with the other layout (ConfigError)."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state["layout"] != layout:
+        raise ConfigError(f"{path}: written by a run whose {what} layout is {state['layout']}, this run's is "
+                          f"{layout} (fix: resume with the same trainer worker count, 1 vs several, or set "
+                          f"trainer.resume=false)")
+    return state
+
+
+def save_actor_state(actor: Actor, path: Path, rank: int) -> None:
+    """Gather the full training state to rank 0 and write it to `path` (a collective when sharded)."""
+    layout = layout_of(actor.model)
+    if layout == "plain":
+        state: dict[str, Any] = actor.state_dict()
+    else:
+        state = {**gather_full_state(actor.model, actor.optimizer), "scheduler": actor.scheduler.state_dict()}
+    if rank == 0:
+        torch.save({"layout": layout, **state}, path)
+
+
+def load_actor_state(actor: Actor, path: Path, rank: int) -> None:
+    """Restore what `save_actor_state` wrote (a collective when sharded: rank 0 reads and broadcasts)."""
+    layout = layout_of(actor.model)
+    state: dict[str, Any] = {}
+    if rank == 0 or layout == "plain":
+        state = read_state(path, layout, "policy")
+    if layout == "plain":
+        actor.load_state_dict(state)
+        return
+    scatter_full_state(actor.model, actor.optimizer, state)
     # the LR schedule is the same on every rank: rank 0's copy goes to all
     sched = [state.get("scheduler")]
     torch.distributed.broadcast_object_list(sched, src=0)

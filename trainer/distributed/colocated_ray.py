@@ -7,8 +7,10 @@ single-process loop in `trainer/modes/colocated.py` stays the default for one CP
 
     driver: next prompts, split evenly over the workers
     workers: generate + score their share (engine awake)         -> timing_s/gen
-    driver: advantages on the whole batch (groups never span workers)
-    workers: old log-probs + PPO update on their shard (FSDP2; engine asleep) -> timing_s/update_actor
+    workers: critic values on their shard (PPO, `critic.enable`)   -> timing_s/values
+    driver: advantages on the whole batch (groups never span workers; GAE with the gathered values)
+    workers: old log-probs, critic update (PPO), PPO policy update on their shard (FSDP2; engine
+             asleep)                                      -> timing_s/update_critic, timing_s/update_actor
     workers: in-process weight sync, FSDP all-gather -> engine      -> timing_s/update_weights
     validation every test_freq (prompts split over the workers)
     checkpoint every save_freq                                      -> timing_s/save_checkpoint
@@ -22,14 +24,16 @@ rounded down to whole `actor.ppo_mini_batch_size`s so they shard evenly over the
 Checkpoints have the single-process layout (`<out_dir>/checkpoints/step_N/`, `trainer/checkpoint.py`):
 the driver's `state.pt` (step, the sampler's position, the driver's and every worker's random states,
 including each engine's sampling generator) and trainer rank 0's `actor.pt` (full weights, AdamW and
-LR schedule, `trainer/distributed/actor_state.py`). A rerun of the same command (`trainer.resume`,
+LR schedule, `trainer/distributed/actor_state.py`) and, with the critic, its `critic.pt` (full
+weights and AdamW, `trainer/distributed/critic_state.py`). A rerun of the same command (`trainer.resume`,
 on by default) loads the newest one, puts the weights into every engine, truncates `metrics.jsonl`
 to its step and continues; on CPU the resumed run logs the same numbers as an uninterrupted one.
 
 The engine is `rollout.engine: hf` or `static` (static KV cache + CUDA-graph decode; set
 `rollout.engine_kwargs.free_on_sleep: false` to keep its buffers and graphs across the update when
-the device has room). `perf/throughput` divides by the N devices. Not yet: PPO's critic in this path
-(it raises a ConfigError naming the field).
+the device has room). `perf/throughput` divides by the N devices. PPO's critic (`critic.enable`) is
+sharded and updated like the policy, so its update does not depend on N either; the fully-async path
+still refuses it (a ConfigError naming the field).
 """
 
 from __future__ import annotations
@@ -146,6 +150,8 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
                                                     multiple_of=cfg.actor.ppo_mini_batch_size)
             metrics.update(gen_stats)
             metrics["timing_s/gen"] = time.perf_counter() - t0
+            if cfg.critic.enable:  # PPO: values on the workers' shards, gathered for GAE on the driver
+                metrics.update(group.compute_values(batch, context=ctx))
             t0 = time.perf_counter()
             add_advantages(batch, cfg)
             metrics["timing_s/adv"] = time.perf_counter() - t0

@@ -1,11 +1,13 @@
 """Driver-side handle on N `TrainerWorker` actors: place them, shard batches, gather metrics.
 
     group = TrainerGroup(cfg, num_workers=2, use_gpu=True, with_engine=True)   # colocated: engines too
+    group.compute_values(batch)       # PPO: the critic's values, before GAE on the driver
     out = group.train(batch)          # advantages must be set; returns metrics + old log-probs
 
 Also holds what both Ray loops share on the driver: advantages for a scored batch, the per-step
 data/perf metrics, and checkpoints (`save_group_checkpoint` / `load_group_checkpoint`: the driver's
-`state.pt` with every worker's random state, and trainer rank 0's `actor.pt`).
+`state.pt` with every worker's random state, and trainer rank 0's `actor.pt` and, with the critic,
+`critic.pt`).
 """
 
 from __future__ import annotations
@@ -26,11 +28,12 @@ from trainer.metrics import MetricsWriter
 
 
 def add_advantages(batch: Batch, cfg: TrainerConfig) -> Batch:
-    """Token rewards and GRPO/RLOO advantages for a scored batch (group-level, so on the driver)."""
+    """Token rewards and GRPO/RLOO advantages for a scored batch (group-level, so on the driver); GAE
+    uses the whole batch's `values` (set by `TrainerGroup.compute_values`)."""
     batch.token_rewards = scores_to_token_rewards(batch.scores, batch.response_mask)
     batch.advantages, batch.returns = compute_advantages(
         cfg.algorithm.adv_estimator, batch.response_mask, scores=batch.scores, group_index=batch.group_index,
-        token_rewards=batch.token_rewards, values=None, norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
+        token_rewards=batch.token_rewards, values=batch.values, norm_adv_by_std_in_grpo=cfg.algorithm.norm_adv_by_std_in_grpo,
         gamma=cfg.algorithm.gamma, lam=cfg.algorithm.lam)
     return batch
 
@@ -54,8 +57,19 @@ class TrainerGroup:
     def check_batch(self, num_prompts: int) -> None:
         check_divisible(num_prompts, self.cfg.rollout.n, self.cfg.actor.ppo_mini_batch_size, self.world)
 
+    def compute_values(self, batch: Batch, *, context: str = "") -> dict[str, float]:
+        """The critic's values of the whole batch (`batch.values`, [N, R]), each worker on its shard;
+        returns `timing_s/values` (the slowest worker)."""
+        mini_rows = self.cfg.actor.ppo_mini_batch_size * self.cfg.rollout.n
+        pieces = shard_batch(batch, world_size=self.world, mini_batch_rows=mini_rows)
+        outs = get([w.compute_values.remote(p) for w, p in zip(self.workers, pieces)],
+                   what="a trainer worker", context=context)
+        batch.values = unshard_rows([o["values"] for o in outs], world_size=self.world, mini_batch_rows=mini_rows)
+        return {"timing_s/values": max(o["timing_s/values"] for o in outs)}
+
     def train(self, batch: Batch, *, context: str = "") -> dict[str, Any]:
-        """Shard `batch`, run the update on every worker; rank 0's metrics, global old log-probs."""
+        """Shard `batch`, run the critic's (PPO) and the policy's update on every worker; rank 0's metrics
+        (summed over the ranks inside the updates, so global), global old log-probs."""
         n = self.cfg.rollout.n
         mini_rows = self.cfg.actor.ppo_mini_batch_size * n
         pieces = shard_batch(batch, world_size=self.world, mini_batch_rows=mini_rows)
@@ -67,8 +81,9 @@ class TrainerGroup:
         metrics = dict(outs[0]["metrics"])
         metrics["timing_s/old_log_prob"] = max(o["timing_s/old_log_prob"] for o in outs)
         metrics["timing_s/update_actor"] = max(o["timing_s/update_actor"] for o in outs)
-        if "timing_s/ref" in outs[0]:
-            metrics["timing_s/ref"] = max(o["timing_s/ref"] for o in outs)
+        for key in ("timing_s/ref", "timing_s/update_critic"):
+            if key in outs[0]:
+                metrics[key] = max(o[key] for o in outs)
         return metrics
 
     def call_all(self, method: str, *args: Any, context: str = "") -> list[Any]:

@@ -12,9 +12,13 @@ is put to sleep while the update runs (`engine.sleep()` / `wake_up()`). The engi
 `static` (`RAY_ENGINES`); the static engine's fused Q/K/V and gate/up matrices are the storage of
 the module's projection weights, so the in-place copy refreshes them too.
 
-Checkpoints (`save_state` / `load_state`): every rank takes part in gathering the policy's full
-state, rank 0 writes it (`trainer/distributed/actor_state.py`); each rank returns its own random
-states (torch, and the colocated engine's sampling generator) for the driver's `state.pt`.
+With `critic.enable` (colocated mode) each worker also holds a shard of PPO's value model
+(`compute_values`, then the critic's update before the policy's in `train`;
+`trainer/distributed/critic_state.py`).
+
+Checkpoints (`save_state` / `load_state`): every rank takes part in gathering the policy's (and the
+critic's) full state, rank 0 writes it (`trainer/distributed/actor_state.py`); each rank returns its
+own random states (torch, and the colocated engine's sampling generator) for the driver's `state.pt`.
 
 In the fully-async mode rank 0 also joins a weight-sync group with the rollout workers and
 broadcasts the weights in buckets (`send_weights`; `trainer/distributed/weight_sync.py`).
@@ -33,6 +37,14 @@ import torch
 from trainer.backends.actor import Actor
 from trainer.batch import Batch
 from trainer.config import TrainerConfig
+from trainer.distributed.critic_state import (
+    CRITIC_FILE,
+    build_worker_critic,
+    critic_update,
+    critic_values,
+    load_critic_state,
+    save_critic_state,
+)
 from trainer.distributed.sharding import worker_actor_config
 from trainer.errors import ConfigError
 
@@ -42,9 +54,9 @@ RAY_ENGINES = ("hf", "static")
 
 def check_supported(cfg: TrainerConfig) -> None:
     """Features the multi-worker path does not run yet fail up front, naming the field."""
-    if cfg.critic.enable:
-        raise ConfigError("critic.enable: the Ray/fully-async path trains no value model yet (fix: use the "
-                          "single-process colocated mode for PPO with a critic)")
+    if cfg.critic.enable and cfg.trainer.mode == "fully_async":
+        raise ConfigError("critic.enable: the fully-async path trains no value model (fix: use trainer.mode=colocated "
+                          "for PPO with a critic)")
     if cfg.rollout.engine not in RAY_ENGINES:
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the Ray path runs the built-in engines only "
                           f"(fix: set rollout.engine=hf or rollout.engine=static)")
@@ -91,6 +103,8 @@ class TrainerWorker:
             self.engine.generator.manual_seed(cfg.trainer.seed + 1000 * self.rank)  # ranks sample differently
         # the frozen reference policy for the KL loss: a copy of the initial weights, sharded like the policy
         self.ref = copy.deepcopy(model).requires_grad_(False) if cfg.actor.use_kl_loss else None
+        # PPO's value model: a copy of the initial policy's body, sharded like the policy (critic_state.py)
+        self.critic = build_worker_critic(model, cfg, self.world_size, self.device) if cfg.critic.enable else None
         if self.world_size > 1:
             model = shard_model(model, self.device)
             self.ref = shard_model(self.ref, self.device) if self.ref is not None else None
@@ -129,8 +143,15 @@ class TrainerWorker:
         return time.perf_counter() - t0
 
     # ------------------------------------------------------------------ training
+    def compute_values(self, piece: Batch) -> dict[str, Any]:
+        """The critic's values `[rows, R]` of this worker's piece (the engine sleeps until `train` ends)."""
+        if self.engine is not None:
+            self.engine.sleep()
+        return critic_values(self.critic, piece)
+
     def train(self, piece: Batch, n: int, need_old: bool) -> dict[str, Any]:
-        """Old log-probs (when needed) and the PPO update on this worker's piece of the batch.
+        """Old log-probs (when needed), the critic's update (PPO) and the policy update on this worker's
+        piece of the batch.
 
         Returns the metrics, the old log-probs the update used ([rows, R]) and the timings."""
         out: dict[str, Any] = {}
@@ -148,6 +169,11 @@ class TrainerWorker:
         if self.ref is not None:
             piece.ref_logprobs = self.actor.compute_logprobs(piece, model=self.ref)
             out["timing_s/ref"] = time.perf_counter() - t_ref
+        critic_metrics: dict[str, float] = {}
+        if self.critic is not None:  # the critic's update before the policy's, as in the single-process loop
+            c = critic_update(self.critic, piece, n)
+            critic_metrics = c["metrics"]
+            out["timing_s/update_critic"] = c["timing_s/update_critic"]
         t1 = time.perf_counter()
         metrics = self.actor.update(piece, n, reuse_forward_as_old=reuse)
         if self.device.type == "cuda":
@@ -155,7 +181,7 @@ class TrainerWorker:
         t2 = time.perf_counter()
         if self.engine is not None:
             self.engine.wake_up()
-        out["metrics"] = metrics
+        out["metrics"] = {**critic_metrics, **metrics}
         out["old_logprobs"] = piece.old_logprobs
         out["timing_s/old_log_prob"] = t_ref - t0
         out["timing_s/update_actor"] = t2 - t1
@@ -168,6 +194,8 @@ class TrainerWorker:
         from trainer.distributed.actor_state import ACTOR_FILE, save_actor_state
 
         save_actor_state(self.actor, Path(folder) / ACTOR_FILE, self.rank)
+        if self.critic is not None:
+            save_critic_state(self.critic, Path(folder) / CRITIC_FILE, self.rank)
         gen = self.engine.generator.get_state() if self.engine is not None else None
         return {"rng": rng_state(), "engine_generator": gen}
 
@@ -177,6 +205,8 @@ class TrainerWorker:
         from trainer.distributed.actor_state import ACTOR_FILE, load_actor_state
 
         load_actor_state(self.actor, Path(folder) / ACTOR_FILE, self.rank)
+        if self.critic is not None:
+            load_critic_state(self.critic, Path(folder) / CRITIC_FILE, self.rank)
         set_rng_state(worker_state["rng"])
         if self.engine is not None:
             if worker_state.get("engine_generator") is not None:

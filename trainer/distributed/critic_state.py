@@ -1,0 +1,90 @@
+"""PPO's value model on N trainer workers: build it sharded like the policy, run its two per-step calls,
+save and load its full training state.
+
+    critic = build_worker_critic(model, cfg, world_size, device)     # before the policy is sharded
+    values = critic_values(critic, piece)                            # [rows, R], this worker's rows
+    metrics = critic_update(critic, piece, n)                        # critic/* (already summed over ranks)
+    save_critic_state(critic, folder / CRITIC_FILE, rank)            # every rank; rank 0 writes
+    load_critic_state(critic, folder / CRITIC_FILE, rank)            # every rank; rank 0 reads
+
+The value model (`trainer/backends/critic.py`) is a copy of the initial policy's body plus a scalar
+head, built from the *unsharded* policy on every rank (same seed, so the same head initialization),
+then sharded with FSDP2 when N > 1 (`trainer/backends/fsdp.py`: one unit per decoder layer, gradients
+summed over the ranks). Its mini-batch is `actor.ppo_mini_batch_size / N` prompts per worker, so the
+driver's shards (`trainer/distributed/sharding.py`, the actor's) give worker r piece r of every global
+mini-batch and the k-th optimizer step sees the k-th global mini-batch, as for the actor. Counts and
+loss statistics are all-reduced inside `Critic.update`, so N workers make one worker's update.
+
+The per-step order on the driver (`trainer/distributed/colocated_ray.py`): values on every worker's
+shard -> gathered into the whole batch -> GAE advantages/returns on the driver -> each worker's shard
+(now carrying values and returns) -> `Critic.update`, then `Actor.update`, as in the single-process loop.
+
+Checkpoint: `critic.pt` beside `actor.pt`, the full weights and AdamW state gathered to rank 0 with the
+helpers of `trainer/distributed/actor_state.py` (same format choice, same layout check).
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.backends.critic import Critic
+from trainer.batch import Batch
+from trainer.config import TrainerConfig
+from trainer.distributed.actor_state import gather_full_state, layout_of, read_state, scatter_full_state
+from trainer.distributed.sharding import worker_actor_config
+
+CRITIC_FILE = "critic.pt"
+
+
+def build_worker_critic(policy: torch.nn.Module, cfg: TrainerConfig, world_size: int, device: torch.device) -> Critic:
+    """This rank's critic from the (unsharded) initial policy; FSDP2-sharded over the trainer group when N > 1."""
+    from trainer.backends.fsdp import shard_model
+
+    actor_cfg = worker_actor_config(cfg.actor, world_size)
+    return Critic(policy, cfg.critic, device=device, mini_batch_size=actor_cfg.ppo_mini_batch_size,
+                  micro_batch_size=actor_cfg.ppo_micro_batch_size_per_gpu, ppo_epochs=actor_cfg.ppo_epochs,
+                  loss_agg_mode=actor_cfg.loss_agg_mode,
+                  shard=partial(shard_model, device=device) if world_size > 1 else None)
+
+
+def critic_values(critic: Critic, piece: Batch) -> dict[str, Any]:
+    """Values `[rows, R]` of this worker's rows (a collective when sharded) and `timing_s/values`."""
+    t0 = time.perf_counter()
+    values = critic.compute_values(piece)  # [rows, R]
+    if critic.device.type == "cuda":
+        torch.cuda.synchronize(critic.device)
+    return {"values": values, "timing_s/values": time.perf_counter() - t0}
+
+
+def critic_update(critic: Critic, piece: Batch, n: int) -> dict[str, Any]:
+    """`Critic.update` on this worker's rows (values and returns set): `critic/*` metrics and its time."""
+    t0 = time.perf_counter()
+    metrics = critic.update(piece, n)
+    if critic.device.type == "cuda":
+        torch.cuda.synchronize(critic.device)
+    return {"metrics": metrics, "timing_s/update_critic": time.perf_counter() - t0}
+
+
+def save_critic_state(critic: Critic, path: Path, rank: int) -> None:
+    """Gather the critic's full weights and AdamW state to rank 0 and write `path` (a collective when sharded)."""
+    layout = layout_of(critic.model)
+    state = critic.state_dict() if layout == "plain" else gather_full_state(critic.model, critic.optimizer)
+    if rank == 0:
+        torch.save({"layout": layout, **state}, path)
+
+
+def load_critic_state(critic: Critic, path: Path, rank: int) -> None:
+    """Restore what `save_critic_state` wrote (a collective when sharded: rank 0 reads and broadcasts)."""
+    layout = layout_of(critic.model)
+    state: dict[str, Any] = {}
+    if rank == 0 or layout == "plain":
+        state = read_state(path, layout, "critic")
+    if layout == "plain":
+        critic.load_state_dict(state)
+    else:
+        scatter_full_state(critic.model, critic.optimizer, state)
