@@ -61,7 +61,9 @@ def dp_world() -> tuple[int, int]:
     return 0, 1
 
 
-def _all_reduce_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:
+def all_reduce_sum(values: dict[str, float], device: torch.device) -> dict[str, float]:
+    """Sum of each named value over the data-parallel workers (the values themselves with one worker);
+    every worker must pass the same keys in the same order."""
     if dp_world()[1] == 1:
         return values
     t = torch.tensor(list(values.values()), dtype=torch.float64, device=device)
@@ -173,7 +175,7 @@ class Actor:
         first = True
         for _ in range(cfg.ppo_epochs):
             for mini in batch.chunks(mini_size):
-                counts = _all_reduce_sum(global_counts(mini.response_mask), self.device)
+                counts = all_reduce_sum(global_counts(mini.response_mask), self.device)
                 agg_kw = dict(horizon=self.max_response_length, **counts)
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.master is not None:
@@ -214,7 +216,7 @@ class Actor:
                         mb_stats["actor/tis_weight_mean"] += masked_mean(tis, mask).item() * w
                 # each worker's statistics are its share of the mini-batch's (normalized by the global
                 # counts), so their sum over the data-parallel workers is the mini-batch value
-                mb_stats = _all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)}, self.device)
+                mb_stats = all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)}, self.device)
                 # fp32 main grads of the masters under bf16_params, else the module's own grads
                 clip_params = self.master.masters if self.master is not None else self.model.parameters()
                 grad_norm = torch.nn.utils.clip_grad_norm_(clip_params, cfg.grad_clip)

@@ -24,7 +24,7 @@ import torch
 
 from trainer.algorithms.aggregation import global_counts
 from trainer.algorithms.policy_loss import compute_value_loss
-from trainer.backends.actor import _all_reduce_sum
+from trainer.backends.actor import all_reduce_sum
 from trainer.batch import Batch
 from trainer.config import CriticConfig
 
@@ -71,7 +71,7 @@ class Critic:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.ppo_epochs):
             for mini in batch.chunks(self.mini_batch_size * n):
-                counts = _all_reduce_sum(global_counts(mini.response_mask), self.device)
+                counts = all_reduce_sum(global_counts(mini.response_mask), self.device)
                 self.optimizer.zero_grad(set_to_none=True)
                 stats: dict[str, float] = defaultdict(float)
                 for micro in mini.chunks(self.micro_batch_size):
@@ -85,7 +85,7 @@ class Critic:
                     stats["critic/vf_loss"] += loss.item()
                     stats["critic/vf_clipfrac"] += float(m["critic/vf_clipfrac"]) * w
                 # each worker's statistics are its share of the mini-batch's: their sum is the mini-batch value
-                stats = _all_reduce_sum({k: stats[k] for k in sorted(stats)}, self.device)
+                stats = all_reduce_sum({k: stats[k] for k in sorted(stats)}, self.device)
                 gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
                 gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn
                 if torch.isfinite(gn):
