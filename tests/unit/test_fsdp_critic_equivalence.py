@@ -17,13 +17,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
 from trainer.backends.critic import Critic
 from trainer.batch import Batch
-from trainer.config import ModelConfig, TrainerConfig
+from trainer.config import TrainerConfig
 from trainer.distributed.sharding import shard_batch, unshard_rows
-from trainer.models import load_model_and_tokenizer
 
-N_RESP, P, R, N = 8, 5, 6, 2  # 8 responses = 4 prompts x n=2; mini-batch 2 prompts -> 2 optimizer steps
 MINI_ROWS = 2 * N
 
 
@@ -35,28 +34,15 @@ def _cfg() -> TrainerConfig:
 
 
 def _batch() -> Batch:
-    g = torch.Generator().manual_seed(11)
-    ids = torch.randint(3, 200, (N_RESP, P + R), generator=g)
-    attn = torch.ones(N_RESP, P + R, dtype=torch.long)
-    lengths = torch.tensor([6, 2, 4, 1, 5, 3, 6, 2])  # unequal: token-mean != mean of per-worker means
-    mask = (torch.arange(R)[None] < lengths[:, None]).float()
-    attn[:, P:] = mask.long()
-    b = Batch(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-              responses=ids[:, P:], response_mask=mask, rollout_logprobs=torch.zeros(N_RESP, R),
-              group_index=torch.arange(N_RESP) // N)
-    b.values = 0.1 * torch.randn(N_RESP, R, generator=g) * mask
-    b.returns = torch.randn(N_RESP, R, generator=g) * mask
+    b, g = unequal_lengths_batch(11)
+    b.values = 0.1 * torch.randn(N_RESP, R, generator=g) * b.response_mask
+    b.returns = torch.randn(N_RESP, R, generator=g) * b.response_mask
     return b
-
-
-def _model():
-    model, _ = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2"), seed=0)
-    return model
 
 
 def _reference_critic() -> Critic:
     cfg = _cfg()
-    policy = _model()
+    policy = tiny_qwen2()
     torch.manual_seed(0)  # the value head's initialization, as on every worker
     return Critic(policy, cfg.critic, device=torch.device("cpu"), mini_batch_size=cfg.actor.ppo_mini_batch_size,
                   micro_batch_size=cfg.actor.ppo_micro_batch_size_per_gpu, ppo_epochs=cfg.actor.ppo_epochs,
@@ -69,7 +55,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     from trainer.distributed.critic_state import build_worker_critic, critic_update, critic_values
 
     init_data_parallel(rank, world, "127.0.0.1", port, backend="gloo")
-    policy = _model()
+    policy = tiny_qwen2()
     torch.manual_seed(0)
     critic = build_worker_critic(policy, _cfg(), world, torch.device("cpu"))
     assert is_sharded(critic.model) and critic.mini_batch_size == 1
@@ -121,6 +107,6 @@ def test_value_model_is_sharded_per_decoder_layer():
     from trainer.backends.critic import ValueModel
     from trainer.backends.fsdp import transformer_blocks
 
-    policy = _model()
+    policy = tiny_qwen2()
     blocks = transformer_blocks(ValueModel(policy))
     assert len(blocks) == policy.config.num_hidden_layers and len(blocks) > 0

@@ -16,13 +16,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
 from trainer.backends.actor import Actor
 from trainer.batch import Batch
-from trainer.config import ActorConfig, ModelConfig
+from trainer.config import ActorConfig
 from trainer.distributed.sharding import shard_batch, unshard_rows, worker_actor_config
-from trainer.models import load_model_and_tokenizer
 
-N_RESP, P, R, N = 8, 5, 6, 2  # 8 responses = 4 prompts x n=2; mini-batch 2 prompts -> 2 optimizer steps
 MODES = ("token-mean", "seq-mean-token-mean")
 
 
@@ -32,23 +31,10 @@ def _actor_cfg(loss_agg_mode: str) -> ActorConfig:
 
 
 def _batch() -> Batch:
-    g = torch.Generator().manual_seed(7)
-    ids = torch.randint(3, 200, (N_RESP, P + R), generator=g)
-    attn = torch.ones(N_RESP, P + R, dtype=torch.long)
-    lengths = torch.tensor([6, 2, 4, 1, 5, 3, 6, 2])  # unequal: token-mean != mean of per-worker means
-    mask = (torch.arange(R)[None] < lengths[:, None]).float()
-    attn[:, P:] = mask.long()
-    b = Batch(input_ids=ids, attention_mask=attn, position_ids=(attn.cumsum(-1) - 1).clamp(min=0),
-              responses=ids[:, P:], response_mask=mask, rollout_logprobs=torch.zeros(N_RESP, R),
-              group_index=torch.arange(N_RESP) // N)
-    b.advantages = torch.randn(N_RESP, 1, generator=g).expand(N_RESP, R) * mask
+    b, g = unequal_lengths_batch(7)
+    b.advantages = torch.randn(N_RESP, 1, generator=g).expand(N_RESP, R) * b.response_mask
     b.old_logprobs = -2.0 + 0.1 * torch.randn(N_RESP, R, generator=g)
     return b
-
-
-def _model():
-    model, _ = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2"), seed=0)
-    return model
 
 
 def _worker(rank: int, world: int, port: int, out: str) -> None:
@@ -58,7 +44,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     init_data_parallel(rank, world, "127.0.0.1", port, backend="gloo")
     results = {}
     for mode in MODES:
-        model = shard_model(_model(), torch.device("cpu"))
+        model = shard_model(tiny_qwen2(), torch.device("cpu"))
         cfg = _actor_cfg(mode)
         actor = Actor(model, worker_actor_config(cfg, world), temperature=1.0, max_response_length=R,
                       device=torch.device("cpu"))
@@ -98,11 +84,11 @@ def two_worker_results() -> dict:
 @pytest.mark.parametrize("mode", MODES)
 def test_two_fsdp_workers_match_one_worker(mode: str, two_worker_results: dict):
     # one worker, no process group: the reference
-    ref_model = _model()
+    ref_model = tiny_qwen2()
     ref = Actor(ref_model, _actor_cfg(mode), temperature=1.0, max_response_length=R, device=torch.device("cpu"))
     ref_metrics = ref.update(_batch(), N)
     ref_state = {k: v.detach().clone() for k, v in ref_model.named_parameters()}
-    init_state = {k: v.detach() for k, v in _model().named_parameters()}
+    init_state = {k: v.detach() for k, v in tiny_qwen2().named_parameters()}
     got = two_worker_results[mode]
 
     assert abs(got["metrics"]["actor/grad_norm"] - ref_metrics["actor/grad_norm"]) <= 1e-5 * ref_metrics["actor/grad_norm"]

@@ -1,8 +1,11 @@
 """Run 5 record: the static engine eager vs `compile_decode` on a Qwen2.5-0.5B-shaped random bf16 model, batch 16,
 512 greedy steps: ms per decode step and kernels in one (non-graph) decode step. Run on one H200 from the repo root:
 `PYTHONPATH=. python3 reports/sm90/run5/decode_kernels.py` (its output was read from the console, not saved)."""
-import time, torch
+import time
+
+import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
+
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.static import StaticRolloutEngine
 
@@ -28,7 +31,7 @@ for compiled in (False, True):
     res[compiled] = out
     # kernels per eager (non-graph) decode step with the same functions
     slot = next(iter(eng._slots.values()))
-    from torch.profiler import profile, ProfilerActivity
+    from torch.profiler import ProfilerActivity, profile
     slot.col.fill_(64); slot.t.fill_(1)  # back inside the buffers
     with torch.no_grad():
         eng._decode_step(slot, params); torch.cuda.synchronize()
