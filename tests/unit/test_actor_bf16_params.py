@@ -16,7 +16,8 @@ import copy
 import pytest
 import torch
 
-from tests.unit.test_fsdp_equivalence import N, R, _batch, _model
+from tests.helpers.batches import N, R, tiny_qwen2
+from tests.unit.test_fsdp_equivalence import _batch
 from trainer.backends.actor import Actor
 from trainer.config import ActorConfig
 
@@ -26,7 +27,7 @@ DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipi
 
 
 def _actor(mode: str, *, lr: float = 1e-3, micro: int = 8, device: str = "cpu") -> tuple[Actor, dict[str, torch.Tensor]]:
-    model = _model().to(device)
+    model = tiny_qwen2().to(device)
     w0 = {k: v.detach().clone() for k, v in model.named_parameters()}
     cfg = ActorConfig(lr=lr, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=micro, grad_clip=1e9,
                       entropy_coeff=0.01, mixed_precision=mode)
