@@ -17,6 +17,9 @@ from trainer.config import TrainerConfig
 
 def train(cfg: TrainerConfig) -> Path:
     """Run the configured job (colocated or fully-async) and return `<out_dir>/metrics.jsonl`."""
+    from trainer.backends.strategy import check_strategy
+
+    check_strategy(cfg)  # actor.strategy: never a silent fallback to another backend
     out_dir = Path(cfg.trainer.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -1,0 +1,86 @@
+"""Which training backend a run uses (`actor.strategy`), checked before anything is loaded.
+
+    from trainer.backends.strategy import check_strategy
+    check_strategy(cfg)   # raises ConfigError with one line naming the field and the fix
+
+`fsdp2` is the transformers model sharded with FSDP2 (`trainer/backends/actor.py`). `megatron` is
+megatron-core's GPTModel built from the HF config through the `mbridge` bridge
+(`trainer/backends/megatron.py`). A megatron run never falls back to FSDP2: without
+megatron-core or mbridge installed, for a model type the bridge cannot map, or in a loop the
+backend does not run in, the run stops at start. Megatron settings (`actor.megatron.*`) other than
+the defaults under `strategy: fsdp2` would be ignored, so they are an error too.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from trainer.config import MegatronConfig, ModelConfig, TrainerConfig
+from trainer.errors import ConfigError
+
+INSTALL_FIX = "pip install 'rlbench[megatron]'"
+
+
+def megatron_missing() -> str | None:
+    """The name of the first missing package the Megatron backend needs, or None."""
+    for module, package in (("megatron.core", "megatron-core"), ("mbridge", "mbridge")):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:
+            found = False
+        if not found:
+            return package
+    return None
+
+
+def model_type(cfg: ModelConfig) -> str:
+    """The HF `model_type` that `model.path` names, read without loading weights."""
+    from transformers import AutoConfig
+
+    from trainer.models import SHAPES, tiny_config
+
+    path = cfg.path
+    if path.startswith("tiny:"):
+        return tiny_config(path.split(":", 1)[1], 256, cfg.override_config).model_type
+    if path.startswith("shape:"):
+        name = path.split(":", 1)[1]
+        return SHAPES[name][0].model_type if name in SHAPES else name
+    if path.startswith("embedded:"):
+        return "llama"  # SmolLM2 (the only embedded model) is a Llama
+    p = Path(path).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        return AutoConfig.from_pretrained(p).model_type
+    return "unknown"
+
+
+def bridge_model_types() -> list[str]:
+    """Model types mbridge maps between HF and megatron-core names."""
+    from mbridge import AutoBridge
+
+    return sorted(AutoBridge.list_supported_models())
+
+
+def check_strategy(cfg: TrainerConfig) -> None:
+    """Raise ConfigError (one line: field and fix) when `actor.strategy` cannot be honoured as set."""
+    a = cfg.actor
+    if a.strategy == "fsdp2":
+        changed = {k: v for k, v in a.megatron.model_dump().items() if v != MegatronConfig.model_fields[k].default}
+        if changed:
+            key, value = next(iter(changed.items()))
+            raise ConfigError(f"actor.megatron.{key}={value}: Megatron parallelism is set but actor.strategy=fsdp2 "
+                              f"ignores it (fix: set actor.strategy=megatron, or remove actor.megatron.{key})")
+        return
+    missing = megatron_missing()
+    if missing is not None:
+        raise ConfigError(f"actor.strategy=megatron: the package '{missing}' is not installed (fix: {INSTALL_FIX}, "
+                          f"or set actor.strategy=fsdp2)")
+    mtype = model_type(cfg.model)
+    supported = bridge_model_types()
+    if mtype not in supported:
+        raise ConfigError(f"actor.strategy=megatron: model.path={cfg.model.path} is a '{mtype}' model, which the "
+                          f"mbridge bridge cannot map (fix: use one of {', '.join(supported)}, or set "
+                          f"actor.strategy=fsdp2)")
+    from trainer.backends.megatron import check_megatron_supported
+
+    check_megatron_supported(cfg)
