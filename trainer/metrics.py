@@ -108,7 +108,30 @@ def data_metrics(batch: Batch, *, max_response_length: int) -> dict[str, float]:
                     ("critic/values", batch.values)):
         if t is not None and mask.any():
             m.update(_stats(name, t[mask]))
+    if batch.advantages is not None and batch.group_index is not None and mask.any():
+        m["critic/advantages/group_mean_abs_max"] = group_mean_abs_max(batch.advantages, batch.response_mask,
+                                                                       batch.group_index)
     m.update(_stats("response_length", resp_len))
     m["response_length/clip_ratio"] = (resp_len >= max_response_length).float().mean().item()
     m.update(_stats("prompt_length", prompt_len))
     return m
+
+
+def group_mean_abs_max(advantages: torch.Tensor, response_mask: torch.Tensor, group_index: torch.Tensor) -> float:
+    """max over prompt groups of |mean over the group's responses of the response's mean advantage|.
+
+    The outcome estimators (GRPO, Dr.GRPO, RLOO) give each response one scalar advantage with
+    group mean 0 by construction, so this is ~0 (float rounding) for them; GAE's are whitened over
+    the batch, not per group. Responses without a valid token are left out.
+    """
+    mask = response_mask.float()  # [N, R]
+    ntok = mask.sum(-1)  # [N]
+    keep = ntok > 0
+    if not bool(keep.any()):
+        return float("nan")
+    per_resp = (advantages.float() * mask).sum(-1)[keep] / ntok[keep]  # [N']
+    _, dense = torch.unique(group_index[keep], return_inverse=True)
+    num = int(dense.max()) + 1
+    total = torch.zeros(num).index_add_(0, dense, per_resp)
+    count = torch.zeros(num).index_add_(0, dense, torch.ones_like(per_resp))
+    return float((total / count).abs().max())

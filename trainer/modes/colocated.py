@@ -23,6 +23,7 @@ from trainer.algorithms.mismatch import rollout_mismatch_metrics
 from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from trainer.metrics import MetricsWriter, Timer, data_metrics
 from trainer.progress import Progress
+from trainer.rollout.base import weight_sync_metrics
 from trainer.steps import Components, generate_scored_batch, validate
 
 
@@ -117,6 +118,7 @@ def train_colocated(c: Components) -> Path:
             # 6. weight sync: the engine samples the next step with the new weights
             with timer("update_weights"):
                 c.engine.update_weights(c.actor.named_weights())
+            metrics.update(weight_sync_metrics(c.engine, c.actor.named_weights()))
 
             # 7. validation and checkpoint
             if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == cfg.trainer.total_steps):

@@ -95,6 +95,27 @@ def copy_weights_in_place(params: dict[str, torch.Tensor], named_tensors: Iterab
             target.copy_(tensor, non_blocking=True)
 
 
+@torch.no_grad()
+def weight_sync_metrics(engine: object, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> dict[str, float]:
+    """`training/weight_sync_max_abs_diff`: max over parameters of max |trainer - engine| right after a
+    sync (0 when the engine holds the trainer's weights; the engine's dtype rounding otherwise).
+
+    Read from the engine's own parameters (`engine._params`, name -> tensor: the hf and static
+    engines); {} for engines whose weights live in another process (vLLM, SGLang).
+    """
+    params = getattr(engine, "_params", None)
+    if not isinstance(params, dict):
+        return {}
+    worst = 0.0
+    for name, tensor in named_tensors:
+        target = params.get(name)
+        if target is None:
+            return {"training/weight_sync_max_abs_diff": float("inf")}  # a weight the engine lacks
+        diff = (target.float() - tensor.to(target.device).float()).abs().max()
+        worst = max(worst, float(diff))
+    return {"training/weight_sync_max_abs_diff": worst}
+
+
 def engine_facts(engine: RolloutEngine) -> dict[str, object]:
     """What a run records about its engine (`engine.json`): name, device and, for the static engine,
     graph-capture seconds and why capture failed if it did."""
