@@ -23,6 +23,12 @@ tokens are dropped and counted (`num_filtered`), or are an error with
 
 Each item: ``{"prompt_ids": list[int], "data_source": str, "ground_truth": str,
 "extra_info": dict, "index": int}`` where ``index`` is the row's position in the input.
+
+Images (`trainer.data.multimodal`): a row may carry verl's ``images`` list beside ``prompt``,
+one ``<image>`` placeholder per image in the messages; they are validated and decoded with the
+row. `PromptDataset(..., processor=VisionProcessor)` then expands the placeholders into image
+tokens and adds ``"multi_modal_inputs"`` (``pixel_values``, ``image_grid_thw``) and ``"images"``
+to the item; image rows without a processor (a text-only model) are an error.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data.multimodal import IMAGE_KEY, validate_images
 from trainer.data.sampler import EpochSampler
 from trainer.errors import DataError
 
@@ -60,8 +67,9 @@ def _where(source: str, field: str | None) -> str:
     return f"{field}: {source}" if field else source
 
 
-def validate_row(row: Any, where: str) -> dict[str, Any]:
-    """One row checked and normalized; `where` is ``"<field>: <path> row <i>"`` for messages."""
+def validate_row(row: Any, where: str, base_dir: Path | None = None) -> dict[str, Any]:
+    """One row checked and normalized; `where` is ``"<field>: <path> row <i>"`` for messages;
+    `base_dir` resolves relative image paths."""
     if not isinstance(row, Mapping):
         raise DataError(f"{where}: must be a mapping with data_source, prompt, reward_model (got {type(row).__name__})")
     row = to_python(row)
@@ -88,20 +96,23 @@ def validate_row(row: Any, where: str) -> dict[str, Any]:
     if not isinstance(extra_info, Mapping):
         raise DataError(f"{where}: 'extra_info' must be a mapping or absent")
     ability = row.get("ability")
+    images = validate_images(row, prompt, where, base_dir)
     return {
         "data_source": source,
         "prompt": [{"role": m["role"], "content": m["content"]} for m in prompt],
         "ability": ability if isinstance(ability, str) else "",
         "reward_model": {"style": reward_model.get("style") or "rule", "ground_truth": str(truth)},
         "extra_info": dict(extra_info),
+        **({IMAGE_KEY: images} if images else {}),
     }
 
 
-def validate_rows(rows: Sequence[Any], source: str, field: str | None = None) -> list[dict[str, Any]]:
+def validate_rows(rows: Sequence[Any], source: str, field: str | None = None,
+                  base_dir: Path | None = None) -> list[dict[str, Any]]:
     """Every row validated (see `validate_row`); DataError when there are none."""
     if len(rows) == 0:
         raise DataError(f"{_where(source, field)}: dataset is empty (fix: point it at a file with rows)")
-    return [validate_row(row, f"{_where(source, field)} row {i}") for i, row in enumerate(rows)]
+    return [validate_row(row, f"{_where(source, field)} row {i}", base_dir) for i, row in enumerate(rows)]
 
 
 def _read_file(path: Path, where: str) -> list[Any]:
@@ -146,7 +157,7 @@ def load_rows(path: str | Path, *, field: str | None = None) -> list[dict[str, A
         raise DataError(f"data file not found: {where} (fix: check the path, or use synthetic:arithmetic-easy)")
     if path.suffix not in _SUFFIXES:
         raise DataError(f"{where}: unsupported file type {path.suffix!r} (fix: use .parquet, .jsonl or .json)")
-    return validate_rows(_read_file(path, where), str(path), field)
+    return validate_rows(_read_file(path, where), str(path), field, base_dir=path.parent)
 
 
 def tokenize_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
@@ -178,6 +189,7 @@ class PromptDataset:
         filter_overlong_prompts: bool = True,
         source: str = "<rows>",
         field: str | None = None,
+        processor: Any = None,
     ) -> None:
         where = _where(source, field)
         rows = validate_rows(rows, source, field)
@@ -185,8 +197,18 @@ class PromptDataset:
         self.num_filtered = 0
         longest = 0
         for i, row in enumerate(rows):
+            images = row.get("images") or []
+            if images and processor is None:
+                raise DataError(f"{where} row {i}: has {len(images)} image(s) but the model is text-only "
+                                "(fix: use a vision-language model.path, e.g. tiny:qwen2.5-vl, or text rows)")
+            mm = None
             try:
-                ids = tokenize_prompt(tokenizer, row["prompt"])
+                if images:
+                    ids, mm = processor.encode_prompt(tokenizer, row["prompt"], images)
+                else:
+                    ids = tokenize_prompt(tokenizer, row["prompt"])
+            except DataError as exc:
+                raise DataError(f"{where} row {i}: {exc}") from None
             except Exception as exc:  # noqa: BLE001 - jinja errors from a template that rejects the messages
                 raise DataError(f"{where} row {i}: chat template failed on 'prompt' ({exc}) "
                                 "(fix: use roles the model's template accepts)") from None
@@ -206,6 +228,7 @@ class PromptDataset:
                     "ground_truth": row["reward_model"]["ground_truth"],
                     "extra_info": row["extra_info"],
                     "index": i,
+                    **({"multi_modal_inputs": mm, "images": images} if mm is not None else {}),
                 }
             )
         if self.num_filtered:

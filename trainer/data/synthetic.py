@@ -26,7 +26,8 @@ Configs can name a task instead of a file (``data.train_files`` / ``data.val_fil
 
     synthetic:arithmetic-<difficulty>[?num=<rows>&seed=<int>&split=<train|val>]
 
-e.g. ``synthetic:arithmetic-easy?num=2000&seed=0``. Defaults: num 2000 for train, 200 for val;
+e.g. ``synthetic:arithmetic-easy?num=2000&seed=0``. ``synthetic:geometry-<difficulty>`` names the
+visual task of `trainer.data.synthetic_geometry` (rendered figures, verl's image rows). Defaults: num 2000 for train, 200 for val;
 seed 0; split train. `ensure_synthetic(spec)` returns both splits (the val size from
 ``num_val``, default 200).
 """
@@ -51,6 +52,7 @@ SPEC_PREFIX = "synthetic:"
 DIFFICULTIES = ("easy", "medium", "hard")
 VAL_PERCENT = 20
 DEFAULT_NUM = {"train": 2000, "val": 200}
+TASKS = ("arithmetic", "geometry")
 
 Problem = tuple[tuple[int, ...], tuple[str, ...]]  # (operands, operators)
 
@@ -202,12 +204,12 @@ class SyntheticSpec:
 
 def parse_spec(spec: str) -> SyntheticSpec:
     """Parse a synthetic data spec; DataError naming the spec and the fix when malformed."""
-    fix = "(fix: write synthetic:arithmetic-<easy|medium|hard>[?num=N&seed=S&split=train|val])"
+    fix = "(fix: write synthetic:<arithmetic|geometry>-<easy|medium|hard>[?num=N&seed=S&split=train|val])"
     if not spec.startswith(SPEC_PREFIX):
         raise DataError(f"not a synthetic data spec: {spec!r} {fix}")
     body, _, query = spec[len(SPEC_PREFIX):].partition("?")
     task, _, difficulty = body.partition("-")
-    if task != "arithmetic":
+    if task not in TASKS:
         raise DataError(f"unknown synthetic task {task!r} in {spec!r} {fix}")
     try:
         difficulty = resolve_difficulty(int(difficulty) if difficulty.isdigit() else difficulty)
@@ -229,11 +231,19 @@ def parse_spec(spec: str) -> SyntheticSpec:
     return SyntheticSpec(task, difficulty, num, num_val, seed, split)
 
 
+def _make_rows(task: str, num: int, *, difficulty: str, seed: int, split: str) -> list[dict[str, Any]]:
+    if task == "geometry":
+        from trainer.data.synthetic_geometry import make_geometry_rows
+
+        return make_geometry_rows(num, difficulty=difficulty, seed=seed, split=split)
+    return make_arithmetic_rows(num, difficulty=difficulty, seed=seed, split=split)
+
+
 def load_synthetic(spec: str) -> list[dict[str, Any]]:
     """The rows a spec names: its split, `num` rows (default 2000 train / 200 val)."""
     s = parse_spec(spec)
     num = s.num if s.num is not None else DEFAULT_NUM[s.split]
-    return make_arithmetic_rows(num, difficulty=s.difficulty, seed=s.seed, split=s.split)
+    return _make_rows(s.task, num, difficulty=s.difficulty, seed=s.seed, split=s.split)
 
 
 def ensure_synthetic(spec: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -243,8 +253,8 @@ def ensure_synthetic(spec: str) -> tuple[list[dict[str, Any]], list[dict[str, An
     a ``split`` parameter in the spec is ignored here.
     """
     s = parse_spec(spec)
-    train = make_arithmetic_rows(s.num or DEFAULT_NUM["train"], difficulty=s.difficulty, seed=s.seed, split="train")
-    val = make_arithmetic_rows(s.num_val, difficulty=s.difficulty, seed=s.seed, split="val")
+    train = _make_rows(s.task, s.num or DEFAULT_NUM["train"], difficulty=s.difficulty, seed=s.seed, split="train")
+    val = _make_rows(s.task, s.num_val, difficulty=s.difficulty, seed=s.seed, split="val")
     return train, val
 
 

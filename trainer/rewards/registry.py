@@ -11,7 +11,7 @@ accuracy and the extracted answer (`RewardResult`).
 | ``math_dapo``, ``dapo``, ``aime-2024``, ``aime2024``, any ``aime*`` | `dapo` (``Answer: x``, Minerva normalization) | +1 / -1 |
 | ``retool`` | `dapo.compute_retool_score` (strict box + tool-call shaping) | +1 / <= -0.6 |
 | ``hiyouga/geometry3k``, ``geo3k`` | `geo3k` (0.9 acc + 0.1 format) | 0 .. 1 |
-| ``synthetic/arithmetic`` | `arithmetic` (last integer) | 1 / 0 |
+| ``synthetic/arithmetic``, ``synthetic/geometry`` | `arithmetic` (last integer) | 1 / 0 |
 
 Like verl, any data_source starting with ``aime`` goes to the DAPO scorer. Extra keyword
 arguments to `compute_score` go to the scorer (``method="flexible"`` for GSM8K,
@@ -73,6 +73,7 @@ _REGISTRY: dict[str, Scorer] = {
     "hiyouga/geometry3k": _geo3k,
     "geo3k": _geo3k,
     "synthetic/arithmetic": _arithmetic,
+    "synthetic/geometry": _arithmetic,
 }
 _PREFIXES: dict[str, Scorer] = {"aime": _dapo}
 

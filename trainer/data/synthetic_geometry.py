@@ -1,0 +1,155 @@
+"""A synthetic visual geometry task: rendered figures whose length, area or angle is read off.
+
+    python -m trainer.data.synthetic_geometry --difficulty easy --num-train 512 --num-val 64 --out data/geo_easy
+    # -> data/geo_easy/train.parquet, data/geo_easy/val.parquet (images as PNG bytes, verl's geo3k layout)
+
+Configs name it like the arithmetic task: ``synthetic:geometry-<difficulty>[?num=&num_val=&seed=&split=]``.
+
+Each figure is a ``SIZE x SIZE`` RGB image (48 px) on a light grid of ``CELL``-pixel cells (8 px,
+so 6 x 6 cells), drawn with Pillow:
+
+| level | name | figure | question | answers |
+|---|---|---|---|---|
+| 1 | easy | a horizontal or vertical black segment 1-5 cells long | how many cells long is the segment? | 1..5 |
+| 2 | medium | a filled black rectangle, width and height 1-4 cells | how many cells does the rectangle cover? | 1..16 |
+| 3 | hard | a ray from the image centre at a multiple of 45 degrees | what angle does it make with the ray pointing right, counter-clockwise? | 0..315 |
+
+A row is verl's multimodal format (`trainer.data.multimodal`): one user message starting with the
+``<image>`` placeholder, ``images: [{"bytes": <PNG>, "path": None}]``, data_source
+``synthetic/geometry`` (scored by `trainer.rewards.arithmetic`: the last number in the response),
+extra_info with the figure's parameters. The answer can only be read from the image: the text of
+every question of a level is the same.
+
+Train/validation split: every figure (its parameters) belongs to one split by a hash (~20% val),
+so the two never share a figure; within a split figures are drawn without repetition and then
+cycled, as in `trainer.data.synthetic`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import zlib
+from pathlib import Path
+from typing import Any
+
+from trainer.data.multimodal import IMAGE_PLACEHOLDER, png_bytes
+from trainer.data.synthetic import DIFFICULTIES, VAL_PERCENT, resolve_difficulty, write_rows
+from trainer.errors import RLBenchError
+
+DATA_SOURCE = "synthetic/geometry"
+SIZE = 48
+CELL = 8
+NUM_CELLS = SIZE // CELL
+
+QUESTIONS = {
+    "easy": "How many grid cells long is the black segment? Answer with just the number.",
+    "medium": "How many grid cells does the black rectangle cover? Answer with just the number.",
+    "hard": "What angle in degrees does the black ray make with a ray pointing right, measured counter-clockwise? "
+            "Answer with just the number.",
+}
+
+Figure = tuple[int, ...]
+
+
+def _figures(difficulty: str) -> list[Figure]:
+    """Every figure of a level as a parameter tuple."""
+    if difficulty == "easy":  # (orientation, length, x0, y0): segment along a grid line
+        return [(o, n, x, y) for o in (0, 1) for n in range(1, NUM_CELLS) for x in range(0, NUM_CELLS - n + 1)
+                for y in range(1, NUM_CELLS)]
+    if difficulty == "medium":  # (w, h, x0, y0): cells covered
+        return [(w, h, x, y) for w in range(1, 5) for h in range(1, 5) for x in range(NUM_CELLS - w + 1)
+                for y in range(NUM_CELLS - h + 1)]
+    return [(a, r) for a in range(0, 360, 45) for r in (2, 3)]  # (angle, length in cells)
+
+
+def answer_of(difficulty: str, fig: Figure) -> int:
+    if difficulty == "easy":
+        return fig[1]
+    if difficulty == "medium":
+        return fig[0] * fig[1]
+    return fig[0]
+
+
+def render(difficulty: str, fig: Figure) -> Any:
+    """The figure as an RGB PIL image."""
+    from PIL import Image, ImageDraw
+
+    img = Image.new("RGB", (SIZE, SIZE), (255, 255, 255))
+    draw = ImageDraw.Draw(img)
+    for k in range(0, SIZE + 1, CELL):  # light grid
+        draw.line([(k, 0), (k, SIZE)], fill=(200, 200, 200))
+        draw.line([(0, k), (SIZE, k)], fill=(200, 200, 200))
+    if difficulty == "easy":
+        o, n, x, y = fig
+        if o == 0:
+            draw.line([(x * CELL, y * CELL), ((x + n) * CELL, y * CELL)], fill=(0, 0, 0), width=3)
+        else:
+            draw.line([(y * CELL, x * CELL), (y * CELL, (x + n) * CELL)], fill=(0, 0, 0), width=3)
+    elif difficulty == "medium":
+        w, h, x, y = fig
+        draw.rectangle([x * CELL, y * CELL, (x + w) * CELL - 1, (y + h) * CELL - 1], fill=(0, 0, 0))
+    else:
+        import math
+
+        a, r = fig
+        c = SIZE // 2
+        end = (c + r * CELL * math.cos(math.radians(a)), c - r * CELL * math.sin(math.radians(a)))
+        draw.line([(c, c), end], fill=(0, 0, 0), width=3)
+        draw.ellipse([c - 2, c - 2, c + 2, c + 2], fill=(0, 0, 0))
+    return img
+
+
+def split_of(difficulty: str, fig: Figure) -> str:
+    return "val" if zlib.crc32(f"geometry/{difficulty}/{fig}".encode()) % 100 < VAL_PERCENT else "train"
+
+
+def make_geometry_rows(num: int, *, difficulty: str | int, seed: int, split: str | None = None) -> list[dict[str, Any]]:
+    """`num` verl-format image rows; `split` 'train'/'val' keeps to that split's figures, None mixes."""
+    if num < 0:
+        raise ValueError(f"num must be >= 0, got {num}")
+    if split not in (None, "train", "val"):
+        raise ValueError(f"split must be 'train', 'val' or None, got {split!r}")
+    name = resolve_difficulty(difficulty)
+    pool = [f for f in _figures(name) if split is None or split_of(name, f) == split]
+    rng = random.Random(f"geometry/{name}/{split}/{seed}")
+    figs: list[Figure] = []
+    while len(figs) < num:
+        perm = pool[:]
+        rng.shuffle(perm)
+        figs.extend(perm)
+    rows = []
+    for i, fig in enumerate(figs[:num]):
+        rows.append({
+            "data_source": DATA_SOURCE,
+            "prompt": [{"role": "user", "content": IMAGE_PLACEHOLDER + QUESTIONS[name]}],
+            "images": [{"bytes": png_bytes(render(name, fig)), "path": None}],
+            "ability": "geometry",
+            "reward_model": {"style": "rule", "ground_truth": str(answer_of(name, fig))},
+            "extra_info": {"split": split or "all", "index": i, "difficulty": name, "figure": list(fig)},
+        })
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m trainer.data.synthetic_geometry", description=__doc__.split("\n")[0])
+    parser.add_argument("--difficulty", default="easy", help=" | ".join(DIFFICULTIES) + " (or 1 | 2 | 3)")
+    parser.add_argument("--num-train", type=int, default=512)
+    parser.add_argument("--num-val", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="output directory for train.parquet and val.parquet")
+    args = parser.parse_args(argv)
+    try:
+        difficulty = resolve_difficulty(int(args.difficulty) if args.difficulty.isdigit() else args.difficulty)
+        for split, num in (("train", args.num_train), ("val", args.num_val)):
+            rows = make_geometry_rows(num, difficulty=difficulty, seed=args.seed, split=split)
+            print(f"wrote {len(rows)} {difficulty} {split} rows to {write_rows(rows, Path(args.out) / f'{split}.parquet')}")
+    except (ValueError, RLBenchError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
