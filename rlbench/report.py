@@ -8,63 +8,69 @@ One file that opens offline: plotly.js is embedded once in the page head and eve
 `<div class="rlbench-chart">` drawn by `Plotly.newPlot` from JSON; the common plotly template is
 embedded once too, so a chart costs only its data. The pieces, per suite x profile section:
 
-- header with the overall verdict (fail > error > pass > skip) and the counts;
-- verdict table (check id, run, metric, statistic, expected, actual, source, why, verdict);
-- per checked metric, its curve per run (step on x) with the reference value as a dashed line
-  and the accepted band `ref_band` shaded (only for statistics in the metric's own unit: not
-  for ratio, slope, delta, steps_to_reach, no_nan);
-- step-time partition: mean seconds per phase per run as stacked bars, from `timing_s/gen`,
-  `timing_s/old_log_prob`, `timing_s/ref`, `timing_s/update_actor`, `timing_s/update_weights`,
-  and "other" = mean(`timing_s/step` - sum of the phases), as in the Miles article's per-step
-  partition. In fully-async runs phases overlap (the trainer waits while rollout runs), so the
-  sum can exceed the step time: "other" is then negative, shown as 0 and flagged in the table;
-- throughput table: median and mean of `perf/throughput` (tok/s/GPU), `timing_s/step`, and
-  tokens/s = `perf/total_num_tokens` / `timing_s/step`, with the ratio when there are two runs;
-- environment and provenance tables.
+- headline (rlbench/report_summary.py): how many published references (read off the articles)
+  were compared here, how many golden values and sanity checks, and what could not be compared
+  and why (references of other profiles, device- or arch-scoped ones, checks not evaluated); the
+  badge is green PASS only when a published reference was compared and nothing failed;
+- verdict table, verdict column first, fitted to the page width: failures, errors, then passes;
+  skips and checks not evaluated folded below it, one line per reason; for an "every step in
+  [lo, hi]" check the actual is the range seen (min, max), not the count of steps outside;
+- runs: first and last logged step per run, flagged when a run starts late or ends early
+  (against `suite_meta["steps"]`);
+- validation accuracy (every `val-core/.../acc/...` metric), drawn whether a check reads it or
+  not; then the curve of every other metric an evaluated check reads, with its band and a line
+  per check (rlbench/report_charts.py); skipped checks get no chart;
+- step-time partition and throughput (tok/s/GPU, or tok/s on a CPU run): bars only when a timing
+  reference was evaluated, else a table marked as this machine's timings, compared to nothing;
+- suite, environment and provenance tables.
 
-Curves longer than `MAX_POINTS` are downsampled for drawing: the steps are cut into
-MAX_POINTS/2 buckets and each keeps its minimum and maximum, so spikes stay visible and a
-10,000-step run stays a small file. Every string from the inputs is HTML-escaped.
-`render_session_report` writes one file for a pytest session with a section per suite x profile.
+Every string from the inputs is HTML-escaped. `render_session_report` writes one file for a
+pytest session with a section per suite x profile, the profiles that could not run here (with
+their reason) and pytest's item counts beside the report's own.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import json
-import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from plotly.utils import PlotlyJSONEncoder
 
+from rlbench.report_charts import (
+    TEMPLATE,
+    TIMING_PREFIXES,
+    VAL_PREFIX,
+    Charts,
+    downsample,
+    esc,
+    fmt,
+    is_cpu,
+    metric_chart,
+    partition_section,
+    partition_table,
+    run_label,
+    script_safe,
+    throughput_section,
+    throughput_table,
+    validation_metrics,
+)
+from rlbench.report_summary import Tally, badge, counts_text, headline_html, status_of, verdict_rows_html
 from rlbench.results import CheckResult
 
-MAX_POINTS = 2000  # per trace, after downsampling
-PHASES: tuple[tuple[str, str], ...] = (
-    ("timing_s/gen", "generation"),
-    ("timing_s/old_log_prob", "old log-prob"),
-    ("timing_s/ref", "ref log-prob"),
-    ("timing_s/update_actor", "actor update"),
-    ("timing_s/update_weights", "weight sync"),
-)
-STEP_TIME = "timing_s/step"
-# Statistics whose value is not in the metric's unit: no reference line on the metric's curve.
-_NOT_IN_METRIC_UNIT = ("ratio", "slope", "delta", "steps_to_reach", "no_nan")
+__all__ = ["ReportSection", "UnrunProfile", "actual_text", "downsample", "overall_verdict", "partition_table",
+           "render_report", "render_session_report", "runs_table", "throughput_table"]
+
 # Environment keys shown first, in this order; the rest follow sorted.
 _ENV_ORDER = ("arch", "device", "gpu_count", "num_gpus", "rocm", "cuda", "torch", "transformers",
               "engines", "aiter", "aiter_flags", "commit", "seeds", "seed", "python", "platform")
 _VERDICT_ORDER = ("fail", "error", "pass", "skip")
-_TEMPLATE = "plotly_white"
-_PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#17becf")
 
 
 @dataclass
@@ -82,41 +88,19 @@ class ReportSection:
 # ------------------------------------------------------------------ small helpers
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
-
-
-def _fmt(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if abs(x) >= 1000:
-        return f"{x:,.1f}"
-    return f"{x:.4g}"
-
-
 def overall_verdict(results: Iterable[CheckResult]) -> str:
-    """fail if any check failed, else error if any errored, else pass if any passed, else skip."""
+    """fail if any check failed, else error, else any other verdict (e.g. not evaluated), else pass, else skip."""
     verdicts = {r.verdict for r in results}
-    for v in _VERDICT_ORDER:
+    for v in _VERDICT_ORDER[:2]:
+        if v in verdicts:
+            return v
+    other = sorted(verdicts - set(_VERDICT_ORDER))
+    if other:
+        return other[0]
+    for v in _VERDICT_ORDER[2:]:
         if v in verdicts:
             return v
     return "none"
-
-
-def _counts(results: list[CheckResult]) -> str:
-    parts = [f"{sum(r.verdict == v for r in results)} {v}" for v in ("pass", "fail", "error", "skip")]
-    return ", ".join(parts)
-
-
-def _badge(verdict: str) -> str:
-    label = {"none": "NO CHECKS"}.get(verdict, verdict.upper())
-    return f'<span class="badge v-{_e(verdict)}">{_e(label)}</span>'
-
-
-def _run_label(name: str) -> str:
-    return name or "run"
 
 
 def _flatten(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
@@ -138,212 +122,96 @@ def _kv_table(d: Mapping[str, Any], order: tuple[str, ...] = ()) -> str:
     rows = _flatten({k: d[k] for k in top})
     if not rows:
         return '<p class="note">none recorded</p>'
-    body = "".join(f"<tr><th>{_e(k)}</th><td>{_e(v)}</td></tr>" for k, v in rows)
+    body = "".join(f"<tr><th>{esc(k)}</th><td>{esc(v)}</td></tr>" for k, v in rows)
     return f'<table class="kv">{body}</table>'
-
-
-# ------------------------------------------------------------------ charts
-
-
-def downsample(steps: np.ndarray, values: np.ndarray, max_points: int = MAX_POINTS) -> tuple[np.ndarray, np.ndarray]:
-    """Finite points of a curve, at most `max_points`: per bucket of steps, its min and its max."""
-    keep = np.isfinite(values)
-    x, y = steps[keep], values[keep]  # [N]
-    n = len(y)
-    if n <= max_points:
-        return x, y
-    buckets = max(1, max_points // 2)
-    per = math.ceil(n / buckets)
-    rows = math.ceil(n / per)
-    padded = np.full(rows * per, np.nan)
-    padded[:n] = y
-    grid = padded.reshape(rows, per)  # [rows, per]; only the last row can hold padding
-    base = np.arange(rows) * per
-    idx = np.unique(np.concatenate([base + np.nanargmin(grid, axis=1), base + np.nanargmax(grid, axis=1)]))
-    return x[idx], y[idx]
-
-
-class _Charts:
-    """Collects chart divs and their figure JSON; one counter per page keeps div ids unique."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.scripts: list[str] = []
-
-    def add(self, fig: go.Figure, height: int = 360) -> str:
-        self.count += 1
-        div_id = f"rlbench-chart-{self.count}"
-        fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 50, "b": 50})
-        spec = fig.to_plotly_json()
-        spec["layout"].pop("template", None)  # the page sets the template once
-        payload = pio.to_json({"data": spec["data"], "layout": spec["layout"]}, validate=False)
-        self.scripts.append(f'draw("{div_id}", {_script_safe(payload)});')
-        return f'<div id="{div_id}" class="rlbench-chart" style="height:{height}px"></div>'
-
-
-def _script_safe(payload: str) -> str:
-    """JSON that cannot close the surrounding <script> element."""
-    return payload.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
-
-
-def _in_metric_unit(statistic: str) -> bool:
-    return not statistic.startswith(_NOT_IN_METRIC_UNIT)
-
-
-def _metric_chart(metric: str, runs: dict[str, pd.DataFrame], results: list[CheckResult], charts: _Charts) -> str:
-    fig = go.Figure(layout={"template": _TEMPLATE})
-    lo, hi = math.inf, -math.inf
-    for i, (name, frame) in enumerate(runs.items()):
-        if metric not in frame.columns:
-            continue
-        x, y = downsample(frame.index.to_numpy(dtype=np.int64), frame[metric].to_numpy(dtype=np.float64))
-        if len(y):
-            lo, hi = min(lo, float(y.min())), max(hi, float(y.max()))
-        fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers" if len(y) < 60 else "lines",
-                                 name=_e(_run_label(name)), line={"color": _PALETTE[i % len(_PALETTE)]}))
-    if not fig.data:
-        return f'<p class="note">No run logged <code>{_e(metric)}</code>: no chart.</p>'
-    refs = [r for r in results if _in_metric_unit(r.statistic)]
-    for r in refs:
-        if r.ref_value is not None and math.isfinite(r.ref_value):
-            lo, hi = min(lo, r.ref_value), max(hi, r.ref_value)
-        if r.ref_band is not None:
-            lo = min(lo, *(b for b in r.ref_band if math.isfinite(b)), lo)
-            hi = max(hi, *(b for b in r.ref_band if math.isfinite(b)), hi)
-    pad = 0.05 * (hi - lo) if hi > lo else max(abs(hi), 1.0) * 0.05
-    seen: set[tuple[str, float, float]] = set()
-    for r in refs:
-        if r.ref_band is not None:
-            b0 = r.ref_band[0] if math.isfinite(r.ref_band[0]) else lo - pad
-            b1 = r.ref_band[1] if math.isfinite(r.ref_band[1]) else hi + pad
-            if ("band", b0, b1) not in seen:
-                seen.add(("band", b0, b1))
-                fig.add_hrect(y0=b0, y1=b1, fillcolor="#2ca02c", opacity=0.12, line_width=0)
-        if r.ref_value is not None and math.isfinite(r.ref_value) and ("ref", r.ref_value, 0.0) not in seen:
-            seen.add(("ref", r.ref_value, 0.0))
-            fig.add_hline(y=r.ref_value, line_dash="dash", line_color="#444",
-                          annotation_text=_e(f"ref {_fmt(r.ref_value)} ({r.statistic})"),
-                          annotation_position="top left")
-    fig.update_layout(title={"text": _e(metric)}, xaxis_title="step", yaxis_title=_e(metric),
-                      legend={"orientation": "h", "y": -0.2})
-    return charts.add(fig)
-
-
-def partition_table(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Mean seconds per phase per run over the steps that logged `timing_s/step` (rows = runs)."""
-    out: dict[str, dict[str, float]] = {}
-    for name, frame in runs.items():
-        if STEP_TIME not in frame.columns:
-            continue
-        rows = frame[frame[STEP_TIME].notna()]
-        phases = {label: rows[key].mean() for key, label in PHASES if key in rows.columns}
-        if not phases:
-            continue
-        summed = rows[[key for key, _ in PHASES if key in rows.columns]].fillna(0.0).sum(axis=1)
-        phases["other"] = float((rows[STEP_TIME] - summed).mean())
-        phases["step"] = float(rows[STEP_TIME].mean())
-        out[_run_label(name)] = phases
-    return pd.DataFrame.from_dict(out, orient="index")
-
-
-def _partition_section(runs: dict[str, pd.DataFrame], charts: _Charts) -> str:
-    table = partition_table(runs)
-    if table.empty:
-        return (f'<p class="note">No run logged <code>{STEP_TIME}</code> with per-phase timings: '
-                "no step-time partition.</p>")
-    labels = [c for c in table.columns if c != "step"]
-    fig = go.Figure(layout={"template": _TEMPLATE, "barmode": "stack"})
-    for i, label in enumerate(labels):
-        vals = table[label].clip(lower=0.0).fillna(0.0)
-        fig.add_trace(go.Bar(x=[_e(r) for r in table.index], y=vals.to_numpy(), name=_e(label),
-                             marker_color=_PALETTE[i % len(_PALETTE)] if label != "other" else "#bbbbbb"))
-    fig.update_layout(title={"text": "mean step time per phase (s)"}, yaxis_title="seconds")
-    head = "".join(f"<th>{_e(c)}</th>" for c in [*labels, "step"])
-    body = ""
-    for run, row in table.iterrows():
-        cells = ""
-        for c in [*labels, "step"]:
-            v = row[c]
-            share = f" ({100 * v / row['step']:.0f}%)" if c != "step" and row["step"] and not math.isnan(v) else ""
-            flag = ' class="warn" title="phases overlap: their sum exceeds the step time"' if c == "other" and v < 0 else ""
-            cells += f"<td{flag}>{_e(_fmt(v))}{_e(share)}</td>"
-        body += f"<tr><th>{_e(run)}</th>{cells}</tr>"
-    return charts.add(fig, height=320) + f'<table class="grid"><tr><th>run</th>{head}</tr>{body}</table>'
-
-
-def throughput_table(runs: dict[str, pd.DataFrame]) -> pd.DataFrame:
-    """Per run: median/mean of perf/throughput, timing_s/step and tokens/s (rows = runs)."""
-    out: dict[str, dict[str, float]] = {}
-    for name, frame in runs.items():
-        row: dict[str, float] = {}
-        for key, label in (("perf/throughput", "throughput (tok/s/GPU)"), (STEP_TIME, "step time (s)")):
-            s = frame[key].dropna() if key in frame.columns else pd.Series(dtype=float)
-            row[f"median {label}"] = float(s.median()) if len(s) else math.nan
-            row[f"mean {label}"] = float(s.mean()) if len(s) else math.nan
-        if "perf/total_num_tokens" in frame.columns and STEP_TIME in frame.columns:
-            tps = (frame["perf/total_num_tokens"] / frame[STEP_TIME]).replace([np.inf, -np.inf], np.nan).dropna()
-            row["median tokens/s"] = float(tps.median()) if len(tps) else math.nan
-        else:
-            row["median tokens/s"] = math.nan
-        if "perf/actor_train_tok_per_s" in frame.columns:
-            row["median train tok/s"] = float(frame["perf/actor_train_tok_per_s"].median())
-        out[_run_label(name)] = row
-    return pd.DataFrame.from_dict(out, orient="index")
-
-
-def _throughput_section(runs: dict[str, pd.DataFrame]) -> str:
-    table = throughput_table(runs)
-    if table.empty or table.isna().all().all():
-        return '<p class="note">No throughput or step-time metrics logged.</p>'
-    table = table.dropna(axis=1, how="all")
-    head = "".join(f"<th>{_e(c)}</th>" for c in table.columns)
-    body = "".join(
-        f"<tr><th>{_e(run)}</th>" + "".join(f"<td>{_e(_fmt(v))}</td>" for v in row) + "</tr>"
-        for run, row in table.iterrows()
-    )
-    if len(table) == 2:
-        a, b = table.index
-        ratio = table.loc[a] / table.loc[b]
-        body += f'<tr class="ratio"><th>{_e(a)} / {_e(b)}</th>' + "".join(
-            f"<td>{_e(_fmt(v))}x</td>" for v in ratio) + "</tr>"
-    return f'<table class="grid"><tr><th>run</th>{head}</tr>{body}</table>'
 
 
 # ------------------------------------------------------------------ sections and page
 
 
-def _verdict_table(results: list[CheckResult]) -> str:
-    if not results:
-        return '<p class="note">No checks were evaluated.</p>'
-    cols = ("check id", "run", "metric", "statistic", "expected", "actual", "source", "why", "verdict")
-    head = "".join(f"<th>{c}</th>" for c in cols)
-    rows = []
-    for r in results:
-        msg = f'<div class="msg">{_e(r.message)}</div>' if r.message and r.verdict != "pass" else ""
-        cells = (r.check_id, _run_label(r.run) if r.run else "", r.metric, r.statistic, r.expected,
-                 _fmt(r.actual), r.source, r.why)
-        tds = "".join(f"<td>{_e(c)}</td>" for c in cells)
-        rows.append(f'<tr class="row-{_e(r.verdict)}">{tds}<td>{_badge(r.verdict)}{msg}</td></tr>')
-    return f'<table class="grid verdicts"><tr>{head}</tr>{"".join(rows)}</table>'
+def actual_text(r: CheckResult, runs: Mapping[str, pd.DataFrame]) -> str:
+    """The value a reader compares with `expected`: for an every-step band check, the range seen."""
+    if r.statistic == "every step" and r.verdict in ("pass", "fail"):
+        frame = runs.get(r.run) if r.run in runs else (next(iter(runs.values())) if len(runs) == 1 else None)
+        if frame is not None and r.metric in frame.columns:
+            s = pd.to_numeric(frame[r.metric], errors="coerce")
+            if r.steps:
+                s = s[s.index.isin(r.steps)]
+            s = s.dropna()
+            if len(s):
+                outside = f", {fmt(r.actual)} steps outside" if r.actual else ""
+                return f"min {fmt(float(s.min()))}, max {fmt(float(s.max()))}{outside}"
+        return f"{fmt(r.actual)} steps outside"
+    return fmt(r.actual)
 
 
-def _section_html(section: ReportSection, charts: _Charts, anchor: str, heading: bool = True) -> str:
-    verdict = overall_verdict(section.results)
+def runs_table(runs: dict[str, pd.DataFrame], expected_steps: int | None) -> str:
+    """Per run: first and last logged step, number of steps; a late start or an early end is flagged."""
+    if not runs:
+        return '<p class="note">No run.</p>'
+    rows = ""
+    for name, frame in runs.items():
+        steps = frame.index.to_numpy()
+        train = [c for c in frame.columns if not str(c).startswith(VAL_PREFIX)]
+        tsteps = frame[train].dropna(how="all").index.to_numpy() if train else steps
+        if len(tsteps) == 0:
+            rows += f'<tr><th>{esc(run_label(name))}</th><td colspan="3" class="warn">no steps logged</td></tr>'
+            continue
+        first, last = int(tsteps.min()), int(tsteps.max())
+        notes = []
+        if first > 1:
+            notes.append(f"starts late: first training step {first} (steps 1-{first - 1} missing)")
+        if expected_steps is not None and last < expected_steps:
+            notes.append(f"ends early: last step {last} of {expected_steps}")
+        if expected_steps is not None and len(tsteps) < min(expected_steps, last) - first + 1:
+            notes.append(f"gaps: {last - first + 1 - len(tsteps)} steps missing inside")
+        note = "; ".join(notes) or "complete"
+        cls = ' class="warn"' if notes else ""
+        total = f"{last} of {expected_steps}" if expected_steps is not None else str(last)
+        rows += (f"<tr><th>{esc(run_label(name))}</th><td>{first}</td><td>{esc(total)}</td><td>{len(tsteps)}</td>"
+                 f"<td{cls}>{esc(note)}</td></tr>")
+    return ('<table class="grid runs"><tr><th>run</th><th>first step</th><th>last step</th><th>steps logged</th>'
+            f"<th>coverage</th></tr>{rows}</table>")
+
+
+def _expected_steps(section: ReportSection) -> int | None:
+    meta = section.suite_meta or {}
+    v = meta.get("steps")
+    return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def _section_html(section: ReportSection, charts: Charts, anchor: str, heading: bool = True) -> str:
+    tally = Tally.of(section.results)
     parts = [f'<section id="{anchor}">']
     if heading:  # a session report titles each suite x profile; a single report has the page title
-        parts += [f"<h2>{_e(section.title)} {_badge(verdict)}</h2>",
-                  f'<p class="counts">{_e(_counts(section.results))}</p>']
-    if section.suite_meta:
-        parts.append("<h3>Suite</h3>" + _kv_table(section.suite_meta, ("name", "title", "source", "profile")))
-    parts.append("<h3>Verdicts</h3>" + _verdict_table(section.results))
+        parts += [f"<h2>{esc(section.title)} {badge(tally.verdict(), overall=True)}</h2>",
+                  headline_html(tally, profile=(section.suite_meta or {}).get("profile"))]
+    actual = lambda r: actual_text(r, section.runs)
+    parts.append("<h3>Verdicts</h3>" + verdict_rows_html(section.results, actual))
+    parts.append("<h3>Runs</h3>" + runs_table(section.runs, _expected_steps(section)))
+    evaluated = [r for r in section.results if status_of(r) != "skip"]
+    val = validation_metrics(section.runs)
+    val_results = [r for r in evaluated if r.metric in val]
+    parts.append("<h3>Validation accuracy</h3>")
+    if val:
+        parts.extend(metric_chart([m], section.runs, [r for r in val_results if r.metric == m], charts,
+                                   actual=actual, y_title="accuracy") for m in val)
+    else:
+        parts.append('<p class="note">No run logged a validation metric (<code>val-core/...</code>): set '
+                     "<code>trainer.test_freq</code> and validation data to get this curve.</p>")
     metrics: dict[str, list[CheckResult]] = {}
-    for r in section.results:
-        metrics.setdefault(r.metric, []).append(r)
+    for r in evaluated:
+        if r.metric and r.metric not in val:
+            metrics.setdefault(r.metric, []).append(r)
     if metrics:
         parts.append("<h3>Checked metrics</h3>")
-        parts.extend(_metric_chart(m, section.runs, rs, charts) for m, rs in metrics.items())
-    parts.append("<h3>Step-time partition</h3>" + _partition_section(section.runs, charts))
-    parts.append("<h3>Throughput</h3>" + _throughput_section(section.runs))
+        parts.extend(metric_chart([m], section.runs, rs, charts, actual=actual) for m, rs in metrics.items())
+    timing_checked = any(r.metric.startswith(TIMING_PREFIXES) for r in evaluated)
+    cpu = is_cpu(section.env)
+    parts.append("<h3>Step-time partition</h3>" + partition_section(section.runs, charts, timing_checked))
+    parts.append("<h3>Throughput</h3>" + throughput_section(section.runs, cpu))
+    if section.suite_meta:
+        parts.append("<h3>Suite</h3>" + _kv_table(section.suite_meta, ("suite", "title", "profile", "steps")))
     parts.append("<h3>Environment</h3>" + _kv_table(section.env, _ENV_ORDER))
     if section.provenance is not None:
         parts.append("<h3>Provenance</h3>" + _kv_table(section.provenance))
@@ -352,20 +220,32 @@ def _section_html(section: ReportSection, charts: _Charts, anchor: str, heading:
 
 
 _CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#1f2328}
-h1{margin-bottom:4px} h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:32px}
+body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:16px auto;padding:0 16px;
+     max-width:1200px;color:#1f2328}
+h1{margin-bottom:4px;font-size:24px} h2{border-bottom:1px solid #d0d7de;padding-bottom:4px;margin-top:32px}
 table{border-collapse:collapse;margin:8px 0 16px;font-size:13px}
-th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top}
+th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 table.kv th{background:#f6f8fa;font-weight:600}
 table.grid tr:first-child th{background:#f6f8fa}
+table.verdicts{width:100%;table-layout:fixed}
+table.verdicts th.c-verdict{width:9em} table.verdicts th.c-check{width:30%} table.verdicts th.c-kind{width:8em}
+table.verdicts th.c-run{width:7em} table.verdicts th.c-actual{width:11em}
 .badge{display:inline-block;padding:2px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff}
 .v-pass{background:#1a7f37}.v-fail{background:#cf222e}.v-error{background:#bc4c00}
+.v-partial{background:#0969da}.v-not_evaluated{background:#8250df}
 .v-skip,.v-none{background:#6e7781}
 tr.row-pass td{background:#f0fff4} tr.row-fail td{background:#ffebe9}
-tr.row-error td{background:#fff1e5} tr.row-skip td{color:#57606a}
+tr.row-error td{background:#fff1e5} tr.row-not_evaluated td{background:#fbefff}
 td.warn{background:#fff8c5} tr.ratio th,tr.ratio td{font-style:italic}
-.msg{font-size:12px;margin-top:4px;color:#57606a}.note{color:#57606a}.counts{color:#57606a}
-.rlbench-chart{width:100%;max-width:1100px}
+.msg{font-size:12px;margin-top:4px;color:#57606a}.src{font-size:11px;margin-top:4px;color:#57606a}
+.note{color:#57606a}
+.headline{border:1px solid #d0d7de;border-radius:6px;padding:8px 16px;background:#f6f8fa;margin:8px 0 16px}
+.headline ul{margin:4px 0;padding-left:20px} .headline li{margin:2px 0}
+.verdict-line{margin:4px 0;font-size:16px}
+details.fold{margin:4px 0;font-size:13px} details.fold summary{cursor:pointer}
+details.fold ul{margin:4px 0 8px;columns:2}
+.rlbench-chart{width:100%} ul.caption{list-style:none;padding:0;margin:12px 0 0;font-size:13px}
+ul.caption li{margin:2px 0} p.caption{margin:12px 0 0;font-size:13px}
 """
 
 _DRAW_JS = """
@@ -376,14 +256,15 @@ function draw(id, fig) {
 """
 
 
-def _page(title: str, body: str, charts: _Charts) -> str:
-    template = json.dumps(pio.templates[_TEMPLATE].to_plotly_json(), cls=PlotlyJSONEncoder)
+def _page(title: str, body: str, charts: Charts) -> str:
+    template = json.dumps(pio.templates[TEMPLATE].to_plotly_json(), cls=PlotlyJSONEncoder)
     generated = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-        f"<title>{_e(title)}</title><style>{_CSS}</style>\n"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<title>{esc(title)}</title><style>{_CSS}</style>\n"
         f"<script>{get_plotlyjs()}</script>\n"
-        f"<script>const RLBENCH_TEMPLATE = {_script_safe(template)};{_DRAW_JS}</script>\n"
+        f"<script>const RLBENCH_TEMPLATE = {script_safe(template)};{_DRAW_JS}</script>\n"
         f"</head><body>\n{body}\n<p class=\"note\">Generated {generated} by rlbench.</p>\n"
         f"<script>\n{chr(10).join(charts.scripts)}\n</script>\n</body></html>\n"
     )
@@ -409,29 +290,45 @@ def render_report(
     """Write the report of one suite x profile to `out_path` (one HTML file) and return its path."""
     section = ReportSection(title=title, runs=runs, results=results, env=env,
                             provenance=provenance, suite_meta=suite_meta)
-    charts = _Charts()
-    verdict = overall_verdict(results)
-    header = (f"<h1>{_e(title)}</h1><p>Overall verdict: {_badge(verdict)} "
-              f'<span class="counts">{_e(_counts(results))}</span></p>')
+    charts = Charts()
+    header = f"<h1>{esc(title)}</h1>" + headline_html(Tally.of(results), profile=(suite_meta or {}).get("profile"))
     body = header + _section_html(section, charts, "section-1", heading=False)
     return _write(out_path, _page(title, body, charts))
 
 
+@dataclass
+class UnrunProfile:
+    """A suite x profile that could not run here: its title, why, and how many checks it has."""
+
+    title: str
+    reason: str
+    checks: int
+
+
 def render_session_report(
-    out_path: str | Path, sections: list[ReportSection], *, title: str = "rlbench session report"
+    out_path: str | Path, sections: list[ReportSection], *, title: str = "rlbench session report",
+    unrun: list[UnrunProfile] | None = None, items: dict[str, int] | None = None,
 ) -> Path:
-    """Write one HTML file covering several suites x profiles (a section each) and return its path."""
-    charts = _Charts()
+    """Write one HTML file covering several suites x profiles (a section each) and return its path.
+
+    `unrun`: profiles that could not run here (listed in the headline with their reason);
+    `items`: the session's test-item outcome counts (pytest's), shown beside the report's own.
+    """
+    charts = Charts()
+    unrun = list(unrun or [])
     all_results = [r for s in sections for r in s.results]
     summary_rows = "".join(
-        f'<tr><th><a href="#section-{i}">{_e(s.title)}</a></th><td>{_badge(overall_verdict(s.results))}</td>'
-        f"<td>{_e(_counts(s.results))}</td></tr>"
+        f'<tr><td>{badge(Tally.of(s.results).verdict(), overall=True)}</td><th><a href="#section-{i}">{esc(s.title)}</a></th>'
+        f"<td>{esc(counts_text(s.results))}</td></tr>"
         for i, s in enumerate(sections, start=1)
     )
-    header = (f"<h1>{_e(title)}</h1><p>Overall verdict: {_badge(overall_verdict(all_results))} "
-              f'<span class="counts">{_e(_counts(all_results))}</span></p>'
-              f'<table class="grid"><tr><th>suite / profile</th><th>verdict</th><th>checks</th></tr>'
-              f"{summary_rows}</table>")
+    summary_rows += "".join(
+        f'<tr><td>{badge("skip")}</td><th>{esc(u.title)}</th><td>{u.checks} checks not run: {esc(u.reason)}</td></tr>'
+        for u in unrun)
+    header = (f"<h1>{esc(title)}</h1>"
+              + headline_html(Tally.of(all_results), unrun=[(u.title, u.reason, u.checks) for u in unrun],
+                              items=items)
+              + '<table class="grid verdicts summary"><tr><th class="c-verdict">verdict</th><th>suite / profile</th>'
+              f"<th>checks</th></tr>{summary_rows}</table>")
     body = header + "\n".join(_section_html(s, charts, f"section-{i}") for i, s in enumerate(sections, start=1))
     return _write(out_path, _page(title, body, charts))
-

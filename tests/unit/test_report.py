@@ -1,4 +1,6 @@
-"""HTML parity report: verdict rows, one chart div per chart, escaping, downsampling, tables."""
+"""HTML parity report: the headline (published references vs golden and sanity checks), verdict rows
+in reading order with skips folded by reason, charts only for evaluated checks plus validation
+accuracy, band actuals, stable phase colours, CPU units, run coverage, escaping, downsampling."""
 
 from __future__ import annotations
 
@@ -12,13 +14,18 @@ import pytest
 
 from rlbench.report import (
     ReportSection,
+    UnrunProfile,
+    actual_text,
     downsample,
     overall_verdict,
     partition_table,
     render_report,
     render_session_report,
+    runs_table,
     throughput_table,
 )
+from rlbench.report_charts import PHASE_COLOURS
+from rlbench.report_summary import Tally, counts_text
 from rlbench.results import CheckResult
 
 
@@ -57,28 +64,35 @@ def _chart_divs(text: str) -> list[str]:
     return re.findall(r'<div id="(rlbench-chart-\d+)" class="rlbench-chart"', text)
 
 
+def _verdict_rows(text: str) -> list[str]:
+    """The row classes of the verdict table, in page order."""
+    return re.findall(r'<tr class="row-([a-z_]+)">', text)
+
+
 def test_report_has_verdict_rows_and_one_chart_div_per_chart(tmp_path: Path) -> None:
     results = [
         _result("pass", ref_value=1e-3, ref_band=(0.0, 1.1e-3)),
         _result("fail", metric="timing_s/step", statistic="ratio(colocated/fully_async)", expected=">= 2.5",
                 actual=2.0, message="ratio 2.0 < 2.5", ref_value=2.5),
-        _result("skip", metric="val-core/aime/acc/mean@1", message="needs gfx950"),
+        _result("skip", metric="val-core/aime/acc/mean@1", message="val-core/aime:skip: SKIP (needs gfx950)"),
     ]
     out = render_report(tmp_path / "sub" / "r.html", title="Suite A", runs=RUNS, results=results,
                         env={"arch": "gfx942", "engines": {"vllm": "0.11.0"}, "seeds": [1, 2]},
                         provenance={"commit": "abc"}, suite_meta={"name": "verl-grpo"})
     text = out.read_text()
     assert out == tmp_path / "sub" / "r.html"
-    # Overall verdict: a failure wins.
-    assert 'Overall verdict: <span class="badge v-fail">FAIL</span>' in text
-    assert text.count('<tr class="row-') == 3
-    assert '<tr class="row-fail"><td>timing_s/step:fail</td>' in text
+    # Verdict: a failure wins; the verdict column comes first; the skip is folded, not a row.
+    assert 'Verdict: <span class="badge v-fail">FAIL</span>' in text
+    assert _verdict_rows(text) == ["fail", "pass"]
+    assert '<tr class="row-fail"><td class="c-verdict"><span class="badge v-fail">FAIL</span></td>' in text
     assert "ratio 2.0 &lt; 2.5" in text  # the failure message is shown, escaped
-    # Charts: ppo_kl and timing_s/step have data; the aime metric has none; plus the partition chart.
+    assert "<summary><span class=\"badge v-skip\">SKIP</span> 1 skipped: needs gfx950</summary>" in text
+    # Charts: ppo_kl and the (failed) step-time ratio; the skipped aime check gets none; the
+    # partition gets bars because a timing check was evaluated.
     divs = _chart_divs(text)
     assert divs == ["rlbench-chart-1", "rlbench-chart-2", "rlbench-chart-3"]
     assert all(f'draw("{d}",' in text for d in divs)
-    assert "No run logged <code>val-core/aime/acc/mean@1</code>" in text
+    assert "val-core/aime" not in text.split("<h3>Validation accuracy</h3>")[1].split("<h3>Checked")[0]
     # plotly.js is embedded once, and nothing is fetched from the network.
     assert text.count("<script>") == 3
     assert "<script src" not in text and "<link" not in text
@@ -142,6 +156,8 @@ def test_partition_flags_overlap_in_report(tmp_path: Path) -> None:
     assert 'class="warn" title="phases overlap' in text
     assert "No checks were evaluated." in text
     assert '<span class="badge v-none">NO CHECKS</span>' in text
+    # No timing check was evaluated: the partition is a table marked as this machine's, no chart.
+    assert "compared to nothing" in text and _chart_divs(text) == []
 
 
 def test_throughput_table_and_ratio(tmp_path: Path) -> None:
@@ -163,13 +179,16 @@ def test_report_without_timings_says_so(tmp_path: Path) -> None:
     assert "no step-time partition" in text
     assert "No throughput or step-time metrics logged." in text
     assert len(_chart_divs(text)) == 1
-    assert '<span class="badge v-pass">PASS</span>' in text
+    # The one check is published and passed: green PASS, and the headline counts it.
+    assert 'Verdict: <span class="badge v-pass">PASS</span>' in text
+    assert "<b>1</b> of 1 published references (read off the articles) were compared" in text
 
 
 @pytest.mark.parametrize(
     ("verdicts", "expected"),
     [(["pass", "skip"], "pass"), (["pass", "error"], "error"), (["error", "fail"], "fail"),
-     (["skip"], "skip"), ([], "none")],
+     (["skip"], "skip"), ([], "none"), (["pass", "not_evaluated"], "not_evaluated"),
+     (["not_evaluated", "fail"], "fail")],
 )
 def test_overall_verdict(verdicts: list[str], expected: str) -> None:
     assert overall_verdict([_result(v) for v in verdicts]) == expected
@@ -184,7 +203,134 @@ def test_session_report_has_a_section_per_suite_profile(tmp_path: Path) -> None:
     text = render_session_report(tmp_path / "session.html", sections).read_text()
     assert '<section id="section-1">' in text and '<section id="section-2">' in text
     assert '<a href="#section-2">suite-b / mini</a>' in text
-    assert 'Overall verdict: <span class="badge v-fail">FAIL</span>' in text
+    assert 'Verdict: <span class="badge v-fail">FAIL</span>' in text
     divs = _chart_divs(text)
-    assert len(divs) == len(set(divs)) == 4  # (metric + partition) per section, ids unique
+    assert len(divs) == len(set(divs)) == 2  # the checked metric per section (no timing check), ids unique
     assert text.count("<script>") == 3  # plotly.js still embedded once
+
+
+# ---------------------------------------------------------------------------- what a reader sees first
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _real_full_results(tmp_path: Path, **kw: float) -> tuple[dict[str, pd.DataFrame], list[CheckResult]]:
+    """The Qwen3-8B suite's checks on a log shaped like the published run (full profile, gfx950)."""
+    from rlbench.checks import evaluate
+    from rlbench.ingest import load_metrics
+    from rlbench.suite import load_suite
+    from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
+
+    suite = load_suite(ROOT / "suites" / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
+    runs = {"colocated": load_metrics(write_qwen3_8b_grpo_log(tmp_path / "log.jsonl", **kw)).frame}
+    return runs, evaluate(suite, "full", runs, arch="gfx950", device_name="AMD Instinct MI355X")
+
+
+def test_headline_counts_published_references_and_other_profiles(tmp_path: Path) -> None:
+    runs, results = _real_full_results(tmp_path, gsm8k_peak=0.90)
+    text = render_report(tmp_path / "r.html", title="t", runs=runs, results=results, env={"arch": "gfx950"},
+                         suite_meta={"profile": "full", "steps": 200}).read_text()
+    tally = Tally.of(results)
+    assert tally.published_evaluated == 10 and tally.count("published", "fail") == 3
+    assert "<b>10</b> of 10 published references (read off the articles) were compared on profile full: " \
+           "7 pass, 3 fail." in text
+    # The mini/cpu sanity and golden checks are not this profile's: counted apart, folded, never rows.
+    assert len(tally.other_profiles) == 4
+    assert "4 golden/sanity checks apply only to profile mini/cpu" in text
+    assert "not applicable to this profile: applies to profile mini/cpu (this run: full)" in text
+    rows = _verdict_rows(text)
+    assert rows == ["fail"] * 3 + ["pass"] * 8  # failures first, no skip row
+    assert text.index("row-fail") < text.index("row-pass") < text.index('class="fold fold-other"')
+    # Validation accuracy: both published curves drawn, with the checks on them above each.
+    val = text.split("<h3>Validation accuracy</h3>")[1].split("<h3>Checked metrics</h3>")[0]
+    assert val.count('class="rlbench-chart"') == 2 and "val-core/openai/gsm8k/acc/mean@1" in val
+
+
+def test_project_checks_only_is_not_a_green_pass(tmp_path: Path) -> None:
+    results = [
+        _result("pass", source="rlbench: a finite loss at every training step", statistic="no_nan", actual=0.0),
+        _result("pass", check_id="golden:colocated:critic/score/mean:mean_last[4]", scope="golden",
+                source="reports/golden/x.cpu.cpu.json"),
+        _result("skip", metric="timing_s/step", source="002.txt: Figure 5, mean step time 388.50 s",
+                message="timing_s/step:median~=388.5: SKIP (applies to profile full (this run: cpu))"),
+        _result("skip", metric="perf/throughput", source="002.txt: throughput",
+                message="perf/throughput:x: SKIP (device-scoped to MI300X; this run is on cpu)"),
+    ]
+    text = render_report(tmp_path / "r.html", title="t", runs=RUNS, results=results, env={"arch": "cpu"},
+                         suite_meta={"profile": "cpu"}).read_text()
+    assert Tally.of(results).verdict() == "partial"
+    assert '<span class="badge v-partial">PASS: project checks only</span>' in text
+    assert 'class="badge v-pass">PASS</span></p>' not in text  # no green overall badge
+    assert "<b>0</b> of 2 published references" in text and "This is not a parity result." in text
+    assert "1 apply only to profile full" in text and "1 skipped here (reasons below)" in text
+    assert "1 golden value(s) recorded by this project per arch: 1 pass." in text
+    assert "1 sanity check(s) of this project's mechanics: 1 pass." in text
+    # The skipped timing and throughput checks get no chart; no timing check ran: no partition bars.
+    assert _chart_divs(text) == ["rlbench-chart-1"]  # actor/ppo_kl, the sanity check's metric
+    assert "tok/s, CPU" in text and "tok/s/GPU" not in text  # units of a CPU run
+
+
+def test_not_evaluated_status_is_grouped_with_reason_and_never_a_pass(tmp_path: Path) -> None:
+    results = [
+        _result("pass"),
+        _result("not_evaluated", metric="val-core/x/acc/mean@1",
+                message="val-core/x:peak>=0.9: NOT EVALUATED (metric val-core/x/acc/mean@1 not in the log)"),
+    ]
+    text = render_report(tmp_path / "r.html", title="t", runs=RUNS, results=results, env={}).read_text()
+    assert Tally.of(results).verdict() == "not_evaluated"
+    assert 'Verdict: <span class="badge v-not_evaluated">NOT EVALUATED</span>' in text
+    assert '1 not evaluated: metric val-core/x/acc/mean@1 not in the log</summary>' in text
+    assert _verdict_rows(text) == ["pass"]  # the not-evaluated check is no pass row
+    assert "1 pass, 1 not evaluated" in counts_text(results)
+
+
+def test_band_check_actual_is_the_range_seen(tmp_path: Path) -> None:
+    runs = {"": _frame({"response_length/mean": [3.0, 12.0, 24.0, 7.0]})}
+    ok = _result("pass", metric="response_length/mean", statistic="every step", actual=0.0,
+                 steps=[1, 2, 3, 4], ref_band=(1.0, 24.0), expected="every step in [1, 24] (rlbench: limits)")
+    assert actual_text(ok, runs) == "min 3, max 24"
+    bad = _result("fail", metric="response_length/mean", statistic="every step", actual=1.0, steps=[1, 2, 3, 4])
+    assert actual_text(bad, runs) == "min 3, max 24, 1 steps outside"
+    text = render_report(tmp_path / "r.html", title="t", runs=runs, results=[ok], env={}).read_text()
+    assert "<td>min 3, max 24</td>" in text and "<td>0</td>" not in text
+
+
+def test_validation_accuracy_drawn_without_a_check(tmp_path: Path) -> None:
+    runs = {"": _frame({"actor/ppo_kl": [0.1, 0.2, 0.3], "val-core/synthetic/arithmetic/acc/mean@1": [0.5, 0.7, 0.9]})}
+    text = render_report(tmp_path / "r.html", title="t", runs=runs, results=[_result()], env={}).read_text()
+    val = text.split("<h3>Validation accuracy</h3>")[1].split("<h3>Checked metrics</h3>")[0]
+    assert 'class="rlbench-chart"' in val and "its curve is shown for context" in val
+    none = render_report(tmp_path / "n.html", title="t", runs=RUNS, results=[], env={}).read_text()
+    assert "No run logged a validation metric" in none
+
+
+def test_phase_colours_are_stable_across_reports(tmp_path: Path) -> None:
+    timing = [_result("pass", metric="timing_s/step", statistic="median", actual=10.0)]
+    a = render_report(tmp_path / "a.html", title="t", runs=RUNS, results=timing, env={}).read_text()
+    runs_b = {"": _frame({"timing_s/step": [9.0, 9.0], "timing_s/update_actor": [4.0, 4.0]})}
+    b = render_report(tmp_path / "b.html", title="t", runs=runs_b, results=timing, env={}).read_text()
+
+    def colour(text: str, phase: str) -> str:
+        m = re.search(r'"marker":\{"color":"(#[0-9a-f]+)"\},"name":"' + re.escape(phase) + '"', text)
+        assert m, phase
+        return m.group(1)
+
+    assert colour(a, "actor update") == colour(b, "actor update") == PHASE_COLOURS["actor update"]
+    assert colour(a, "generation") == PHASE_COLOURS["generation"]
+
+
+def test_runs_table_flags_late_start_and_early_end() -> None:
+    runs = {"colocated": _frame({"actor/ppo_kl": [0.1] * 4}, start=3), "fully_async": _frame({"actor/ppo_kl": [0.1] * 8})}
+    text = runs_table(runs, expected_steps=8)
+    assert "starts late: first training step 3 (steps 1-2 missing)" in text
+    assert "ends early: last step 6 of 8" in text
+    assert "<td>8 of 8</td><td>8</td><td>complete</td>" in text
+
+
+def test_session_report_lists_profiles_that_could_not_run(tmp_path: Path) -> None:
+    sections = [ReportSection(title="suite-a [cpu]", runs=RUNS, results=[_result("pass")], env={"arch": "cpu"})]
+    unrun = [UnrunProfile("suite-a [full]", "needs 8 GPUs of arch gfx950 (this machine: 0)", 11)]
+    text = render_session_report(tmp_path / "s.html", sections, unrun=unrun,
+                                 items={"passed": 1, "skipped": 11}).read_text()
+    assert "11 checks of suite-a [full] could not run here: needs 8 GPUs of arch gfx950 (this machine: 0)." in text
+    assert "pytest items: 1 passed, 11 skipped." in text
+    assert "<b>1</b> of 1 published references" in text
