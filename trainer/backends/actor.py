@@ -105,6 +105,13 @@ class Actor:
                                   "model.gradient_checkpointing: false or actor.compile: false)")
             compile_decoder_layers(model, backend=cfg.compile_backend)
             self.compile_backend = cfg.compile_backend
+        from trainer.models_moe import RouterRecorder, is_moe
+
+        # MoE: router logits of the update forwards -> load-balancing loss and actor/moe/* metrics
+        self.router: RouterRecorder | None = RouterRecorder(model) if is_moe(model.config) else None
+        if self.router is None and cfg.moe_aux_loss_coeff > 0:
+            raise ConfigError(f"actor.moe_aux_loss_coeff={cfg.moe_aux_loss_coeff}: the model is not a mixture of "
+                              f"experts, so there is no router to balance (fix: set it to 0, or train an MoE model)")
         fused = device.type == "cuda"
         self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=cfg.betas, weight_decay=cfg.weight_decay,
                                            fused=fused or None, foreach=None if fused else (device.type != "cpu" or None))
@@ -172,6 +179,7 @@ class Actor:
         metrics: dict[str, list[float]] = defaultdict(list)
         mini_size = cfg.ppo_mini_batch_size * n
         old_from_forward: list[torch.Tensor] = []
+        expert_counts: torch.Tensor | None = None  # MoE: [layers, experts] top-k assignments
         first = True
         for _ in range(cfg.ppo_epochs):
             for mini in batch.chunks(mini_size):
@@ -185,7 +193,13 @@ class Actor:
                 for micro in mini.chunks(cfg.ppo_micro_batch_size_per_gpu):
                     micro = micro.to(self.device)
                     mask = micro.response_mask
-                    logp, entropy = self._logprobs(micro, with_entropy=True)
+                    if self.router is None:
+                        logp, entropy = self._logprobs(micro, with_entropy=True)
+                    else:
+                        with self.router.capture():
+                            logp, entropy = self._logprobs(micro, with_entropy=True)
+                        lb_loss, moe_stats, counts = self.router.pop()
+                        expert_counts = counts if expert_counts is None else expert_counts + counts
                     old = micro.old_logprobs if not reuse_forward_as_old else logp.detach()
                     if reuse_forward_as_old:
                         old_from_forward.append(old.float().cpu())
@@ -205,9 +219,14 @@ class Actor:
                                       **agg_kw)
                         loss = loss + cfg.kl_loss_coef * kl
                         mb_stats["actor/kl_loss"] += kl.item()
-                    loss.backward()
                     # token-weighted means over the mini-batch (micro-batch means x its token share)
                     w = mask.sum().item() / n_tok
+                    if self.router is not None:
+                        if cfg.moe_aux_loss_coeff > 0:
+                            loss = loss + cfg.moe_aux_loss_coeff * w * lb_loss
+                        for k, v in moe_stats.items():
+                            mb_stats[k] += v * w
+                    loss.backward()
                     mb_stats["actor/pg_loss"] += pg_loss.item()
                     mb_stats["actor/entropy"] += ent.item()
                     for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
@@ -238,6 +257,12 @@ class Actor:
         if reuse_forward_as_old:
             batch.old_logprobs = torch.cat(old_from_forward)
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
+        if expert_counts is not None:
+            from trainer.models_moe import expert_load_metrics
+
+            flat = all_reduce_sum({str(i): float(c) for i, c in enumerate(expert_counts.flatten())}, self.device)
+            summed = torch.tensor(list(flat.values()), dtype=torch.float64).view_as(expert_counts)
+            out.update(expert_load_metrics(summed, self.router.top_k))
         out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
         self.model.eval()
         if self.device.type == "cuda":

@@ -1,0 +1,110 @@
+"""MoE as a model kind: upcycled Llama == dense at step 0, tiny MoE configs, router statistics."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.helpers.batches import unequal_lengths_batch
+from trainer.config import ModelConfig
+from trainer.errors import ModelError
+from trainer.models import load_model_and_tokenizer
+from trainer.models_moe import RouterRecorder, expert_load_metrics, is_moe, upcycle_to_mixtral
+from trainer.ops.logprobs import response_logprobs
+
+
+def _logp(model, batch, share_prompts=True):
+    with torch.no_grad():
+        return response_logprobs(model, batch, share_prompts=share_prompts)[0]
+
+
+def test_upcycled_tiny_llama_matches_dense():
+    dense, _ = load_model_and_tokenizer(ModelConfig(path="tiny:llama"), seed=0)
+    moe = upcycle_to_mixtral(dense, 4, 2, seed=1)
+    assert type(moe).__name__ == "MixtralForCausalLM" and is_moe(moe.config) and not is_moe(dense.config)
+    batch, _ = unequal_lengths_batch(0)
+    ref, got = _logp(dense, batch), _logp(moe, batch)
+    mask = batch.response_mask.bool()
+    assert (got - ref)[mask].abs().max() < 1e-5
+    # the check is not vacuous: one expert perturbed changes the log-probs
+    with torch.no_grad():
+        moe.model.layers[0].mlp.experts.down_proj[1].mul_(3.0)
+    assert (_logp(moe, batch) - ref)[mask].abs().max() > 1e-3
+
+
+def test_upcycle_via_model_config_and_errors():
+    moe, _ = load_model_and_tokenizer(ModelConfig(path="tiny:llama", upcycle_num_experts=3, upcycle_top_k=1), seed=0)
+    assert moe.config.num_local_experts == 3 and moe.config.num_experts_per_tok == 1
+    with pytest.raises(ModelError, match="upcycling maps a Llama into a Mixtral; this model is a 'qwen2'"):
+        load_model_and_tokenizer(ModelConfig(path="tiny:qwen2", upcycle_num_experts=4), seed=0)
+    with pytest.raises(ModelError, match="model.experts_implementation=eager: tiny:qwen2 is not a mixture-of-experts"):
+        load_model_and_tokenizer(ModelConfig(path="tiny:qwen2", experts_implementation="eager"), seed=0)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_tiny_moe_experts_implementations_agree(arch):
+    batch, _ = unequal_lengths_batch(1)
+    outs = {}
+    for impl in ("eager", "grouped_mm"):
+        m, _ = load_model_and_tokenizer(ModelConfig(path=f"tiny:{arch}", experts_implementation=impl), seed=0)
+        assert m.config._experts_implementation == impl
+        outs[impl] = _logp(m, batch)
+    assert is_moe(m.config)
+    assert (outs["eager"] - outs["grouped_mm"]).abs().max() < 1e-5
+
+
+def test_router_recorder_shared_and_full_forward_agree():
+    """The recorder's statistics and loss are the same whether the prompt is shared or not (masks follow)."""
+    m, _ = load_model_and_tokenizer(ModelConfig(path="tiny:qwen3_moe"), seed=0)
+    with torch.no_grad():
+        for r in m.modules():
+            if type(r).__name__.endswith("TopKRouter"):
+                r.weight.normal_(0, 0.5)
+    rec = RouterRecorder(m)
+    batch, _ = unequal_lengths_batch(2)
+    p = batch.prompt_len
+    batch.input_ids[1::2, :p] = batch.input_ids[::2, :p]  # the n=2 responses of a prompt share it
+    res = []
+    for share in (True, False):
+        with rec.capture():
+            _logp(m, batch, share_prompts=share)
+        res.append(rec.pop())
+    (l1, s1, c1), (l2, s2, c2) = res
+    # shared prompts: each prompt's tokens are routed once per group instead of once per response
+    assert c1.sum() < c2.sum()
+    assert c2.sum() == batch.attention_mask.sum() * rec.top_k * rec.num_layers
+    assert c1.sum() == (batch.attention_mask[::2, :p].sum() + batch.attention_mask[:, p:].sum()) * rec.top_k * 2
+    for s in (s1, s2):
+        assert 0 < s["actor/moe/router_entropy"] < torch.log(torch.tensor(4.0))
+        assert s["actor/moe/load_balancing_loss"] > 0.5
+    assert torch.isfinite(l1) and not l1.requires_grad  # no_grad forward: no graph
+    assert abs(float(l2) / 2 - s2["actor/moe/load_balancing_loss"]) < 1e-6  # the loss sums the 2 layers
+
+
+def test_router_loss_gradient_and_balance_metrics():
+    m, _ = load_model_and_tokenizer(ModelConfig(path="tiny:mixtral"), seed=0)
+    rec = RouterRecorder(m)
+    batch, _ = unequal_lengths_batch(3)
+    with rec.capture():
+        response_logprobs(m, batch)
+    loss, _, counts = rec.pop()
+    loss.backward()
+    assert all(r.weight.grad is not None and r.weight.grad.abs().sum() > 0 for r in rec.routers)
+    bal = expert_load_metrics(torch.full((2, 4), 10.0), top_k=2)
+    assert bal == {"actor/moe/expert_load/max": 1.0, "actor/moe/expert_load/min": 1.0, "actor/moe/expert_load/cv": 0.0}
+    skew = expert_load_metrics(torch.tensor([[20.0, 0.0, 0.0, 0.0]]), top_k=1)
+    assert skew["actor/moe/expert_load/max"] == 4.0 and skew["actor/moe/expert_load/min"] == 0.0
+    assert counts.sum() > 0
+
+
+@pytest.mark.slow
+def test_upcycled_smollm2_matches_smollm2():
+    """SmolLM2-135M upcycled into a 4-expert top-2 Mixtral: step-0 log-probs within 1e-5 of SmolLM2's."""
+    dense, tok = load_model_and_tokenizer(ModelConfig(path="embedded:smollm2-135m-instruct"), seed=0)
+    moe = upcycle_to_mixtral(dense, 4, 2, seed=0)
+    batch, _ = unequal_lengths_batch(4)
+    ref, got = _logp(dense, batch), _logp(moe, batch)
+    mask = batch.response_mask.bool()
+    diff = float((got - ref)[mask].abs().max())
+    print(f"smollm2 upcycled E=4 k=2: max |dlogp| = {diff:.2e} over {int(mask.sum())} tokens")
+    assert diff < 1e-5
