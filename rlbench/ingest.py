@@ -11,24 +11,28 @@ Formats (`fmt=`):
   own line or beside `data`) marks it and is skipped.
 - `verl-console`: verl's console logger, `step:12 - actor/ppo_kl:0.001 - ...`, with numpy/torch
   reprs (`np.float64(0.5)`, `tensor(0.5)`), Ray prefixes (`(TaskRunner pid=1) step:1 - ...`) and
-  unrelated lines in between (ignored).
+  unrelated lines in between (ignored); step lines broken across physical lines at any width,
+  or printed one item per line, are reassembled (`rlbench.console_logs`).
 - `miles-jsonl`: one dict per line with Miles names and a step key (`rollout/step`,
   `train/step`, `eval/step` or `step`).
 - `miles-console`: Miles' logger lines `perf 3: {...}`, `eval 3: {...}`, `step 3: {...}` (Python
-  dict reprs; `[actor-]step N` for the trainer).
+  dict reprs; `[actor-]step N` for the trainer), the dict possibly wrapped over several lines.
 
 All names are mapped onto verl's vocabulary (`rlbench.vocab`). Values that are not numbers
 (strings, lists) are dropped; booleans become 0/1. A truncated last JSON line (a run killed
-mid-write) is ignored and reported in `MetricLog.warnings`; a malformed line elsewhere is a
-`DataError` naming the file and line.
+mid-write) is ignored and reported in `MetricLog.warnings`, and so is a console record cut
+mid-value; a malformed JSON line elsewhere is a `DataError` naming the file and line.
+
+Never a silent drop: steps that go back or come again after other steps (a resumed or
+concatenated run), negative steps (ignored), and lines over `MAX_LINE_BYTES` (skipped unread in
+console logs, refused in JSON logs, in bounded memory and time) are warned about; a binary
+file, an empty file or a directory is refused with one line.
 """
 
 from __future__ import annotations
 
-import ast
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,7 +44,8 @@ try:  # optional speed-up: orjson parses a 10,000-step log ~5x faster than json
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-from rlbench.vocab import STEP_KEYS, canonical_name
+from rlbench.console_logs import parse_scalar, read_miles_console, read_verl_console
+from rlbench.vocab import STEP_KEYS, accuracy_twin, canonical_name_and_scale
 from trainer.errors import ConfigError, DataError
 
 FORMATS: tuple[str, ...] = ("verl-jsonl", "verl-console", "miles-jsonl", "miles-console", "rlbench")
@@ -52,19 +57,11 @@ _SOURCE_OF_FORMAT = {
     "rlbench": "rlbench",
 }
 
-_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-_RAY_REPEAT = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-# verl console: "step:12 - key:value - key:value", anywhere on the line (after a Ray prefix).
-_VERL_CONSOLE = re.compile(r"(?:^|[\s)\]])step:(?P<step>\d+)(?P<rest>(?:\s+-\s+.*)?)$")
-# Miles logger: "... perf 3: {...}", "... eval 3: {...}", "... step 3: {...}", "actor-step 3: {...}".
-_MILES_CONSOLE = re.compile(
-    r"(?:^|[\s:\])])(?P<kind>perf|eval|rollout|(?:[\w]+-)?step)\s+(?P<id>\d+):\s*(?P<dict>\{.*\})\s*$"
-)
-# numpy / torch scalar reprs: np.float64(0.5), numpy.int64(3), tensor(0.5, device='cuda:0').
-_NP_SCALAR = re.compile(r"\b(?:np|numpy)\.\w+\(\s*([^(),]*?)\s*\)")
-_TENSOR_SCALAR = re.compile(r"\btensor\(\s*([^(),]*?)\s*(?:,[^()]*)?\)")
-_BARE_NAN = re.compile(r"(?<![\w'\"/.])nan(?![\w'\"])")
-_BARE_INF = re.compile(r"(?<![\w'\"/.])inf(?![\w'\"])")
+# A physical line longer than this is not a metrics line (a verl step line is a few kB): it is
+# refused in JSON logs and skipped with a warning in console logs, read in bounded memory.
+MAX_LINE_BYTES = 1 << 20
+_BINARY_PROBE = 8192
+_DETECT_LINES = 5000  # console format detection reads this many lines at most
 
 
 @dataclass
@@ -75,6 +72,15 @@ class MetricLog:
     source_format: str  # one of FORMATS
     warnings: list[str] = field(default_factory=list)
     path: Path | None = None
+    notes: list[str] = field(default_factory=list)  # how names were read (e.g. reward read as accuracy)
+
+    @property
+    def first_step(self) -> int:
+        return int(self.frame.index[0])
+
+    @property
+    def last_step(self) -> int:
+        return int(self.frame.index[-1])
 
     def series(self, metric: str) -> pd.Series:
         """The metric's values at the steps where it was logged (NaN dropped)."""
@@ -93,23 +99,9 @@ def _to_float(value: Any) -> float:
     if t is float or t is int or t is bool:
         return float(value)
     if t is str:
-        v = _parse_scalar(value)
+        v = parse_scalar(value)
         return math.nan if v is None else v
     return math.nan
-
-
-def _parse_scalar(text: str) -> float | None:
-    """A console value as a float: `0.5`, `np.float64(0.5)`, `tensor(0.5)`, `nan`, `-inf`; else None."""
-    text = text.strip()
-    m = _NP_SCALAR.fullmatch(text) or _TENSOR_SCALAR.fullmatch(text)
-    if m:
-        text = m.group(1).strip()
-    if text in ("True", "False"):
-        return 1.0 if text == "True" else 0.0
-    try:
-        return float(text)  # also parses "nan", "inf", "-inf", "1e-4"
-    except ValueError:
-        return None
 
 
 def _step_of(record: dict[str, Any], where: str) -> int:
@@ -149,7 +141,11 @@ def _frame(rows: dict[int, dict[str, Any]], path: Path, fmt: str) -> pd.DataFram
                 not_numeric.append(col)  # e.g. a config string logged as a metric
     frame = frame.drop(columns=not_numeric).astype("float64")
     source = _SOURCE_OF_FORMAT[fmt]
-    names = [canonical_name(str(c), source) for c in frame.columns]
+    named = [canonical_name_and_scale(str(c), source) for c in frame.columns]
+    for (_, scale), col in zip(named, list(frame.columns)):
+        if scale != 1.0:  # e.g. verl's old "critic/lr(1e-4)" logged lr x 1e4
+            frame[col] = frame[col] * scale
+    names = [n for n, _ in named]
     if len(set(names)) == len(names):
         frame.columns = pd.Index(names)
         return frame
@@ -172,9 +168,10 @@ def _loads(line: str) -> Any:
     return json.loads(line)
 
 
-def _load_json_lines(lines: list[str], path: Path, fmt: str, warnings: list[str]) -> dict[int, dict[str, Any]]:
+def _load_json_lines(lines: list[str], path: Path, fmt: str, warnings: list[str],
+                     seen: list[tuple[int, int]]) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
-    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    last = max((i for i, line in enumerate(lines) if line and not line.isspace()), default=-1)
     paired = fmt in ("verl-jsonl", "rlbench")
     for i, line in enumerate(lines):
         if not line or line.isspace():
@@ -203,70 +200,26 @@ def _load_json_lines(lines: list[str], path: Path, fmt: str, warnings: list[str]
                 )
             if not isinstance(data, dict):
                 raise DataError(f"{path}:{i + 1}: 'data' must be an object of metric -> value")
-            _merge(rows, _step_of(record, f"{path}:{i + 1}"), data)
+            step = _step_of(record, f"{path}:{i + 1}")
+            _merge(rows, step, data)
         else:  # miles-jsonl: a flat dict with a step key
-            _merge(rows, _step_of(record, f"{path}:{i + 1}"), record)
+            step = _step_of(record, f"{path}:{i + 1}")
+            _merge(rows, step, record)
+        seen.append((step, i + 1))
     return rows
 
 
-def _clean_console(line: str) -> str:
-    return _RAY_REPEAT.sub("", _ANSI.sub("", line)).rstrip()
-
-
-def _load_verl_console(lines: list[str], warnings: list[str]) -> dict[int, dict[str, float]]:
-    rows: dict[int, dict[str, float]] = {}
-    for i, raw in enumerate(lines):
-        if "step:" not in raw:
-            continue
-        m = _VERL_CONSOLE.search(_clean_console(raw))
-        if not m:
-            continue
-        values: dict[str, float] = {}
-        for item in m.group("rest").split(" - ")[1:]:
-            key, sep, text = item.partition(":")
-            key = key.strip()
-            if not sep or not key:
-                continue
-            v = _parse_scalar(text)
-            if v is None:
-                warnings.append(f"line {i + 1}: value of {key!r} is not a number ({text.strip()[:40]!r}); ignored")
-                continue
-            values[key] = v
-        if values:  # "step:5" alone (a progress line) carries no metrics
-            _merge(rows, int(m.group("step")), values)
-    return rows
-
-
-def _literal_dict(text: str) -> dict[str, Any] | None:
-    """A Python dict repr (with numpy/torch scalars, nan, inf) as a dict; None if it does not parse."""
-    text = _NP_SCALAR.sub(r"\1", text)
-    text = _TENSOR_SCALAR.sub(r"\1", text)
-    text = _BARE_NAN.sub("None", text)  # None -> NaN below
-    text = _BARE_INF.sub("1e999", text)  # 1e999 parses as inf
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        return None
-    if not isinstance(value, dict):
-        return None
-    return {str(k): (math.nan if v is None else v) for k, v in value.items()}
-
-
-def _load_miles_console(lines: list[str], path: Path, warnings: list[str]) -> dict[int, dict[str, Any]]:
+def _load_miles_console(lines: list[str], path: Path, warnings: list[str],
+                        seen: list[tuple[int, int]]) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
-    for i, raw in enumerate(lines):
-        if ": {" not in raw:
-            continue
-        m = _MILES_CONSOLE.search(_clean_console(raw))
-        if not m:
-            continue
-        record = _literal_dict(m.group("dict"))
-        if record is None:
-            warnings.append(f"line {i + 1}: Miles '{m.group('kind')}' line has an unreadable dict; ignored")
-            continue
+
+    def emit(record: dict[str, Any], kind: str, rid: str, where: str) -> None:
         has_step = any(k in record for k in STEP_KEYS)
-        step = _step_of(record, f"{path}:{i + 1}") if has_step else int(m.group("id"))
+        step = _step_of(record, f"{path}:{where.split()[-1].split('-')[0]}") if has_step else int(rid)
+        seen.append((step, int(where.split()[-1].split("-")[0])))
         _merge(rows, step, record)
+
+    read_miles_console(lines, warnings, emit)
     return rows
 
 
@@ -296,36 +249,166 @@ def detect_format(lines: list[str], path: Path) -> str:
             return "miles-jsonl"
     elif any(line.lstrip().startswith('{"_meta"') for line in lines[:5]):
         return "rlbench"
-    for line in lines:
-        if "step:" in line and _VERL_CONSOLE.search(_clean_console(line)):
-            return "verl-console"
-        if ": {" in line and _MILES_CONSOLE.search(_clean_console(line)):
-            return "miles-console"
+    # Console logs: read the head with each reader (records may be wrapped over several lines);
+    # the format whose first record comes first wins.
+    head = lines[:_DETECT_LINES]
+    verl_seen: list[tuple[int, int]] = []
+    read_verl_console(head, [], verl_seen)
+    miles_seen: list[int] = []
+    read_miles_console(head, [], lambda rec, kind, rid, where: miles_seen.append(int(where.split()[-1].split("-")[0])))
+    firsts = {"verl-console": min((ln for _, ln in verl_seen), default=None), "miles-console": min(miles_seen, default=None)}
+    found = {k: v for k, v in firsts.items() if v is not None}
+    if found:
+        return min(found, key=lambda k: found[k])
     raise DataError(
         f"{path}: no recognizable metrics found; accepted formats are {', '.join(FORMATS)} "
         "(see rlbench.ingest); pass fmt= if detection is wrong"
     )
 
 
-def load_metrics(path: str | Path, fmt: str = "auto") -> MetricLog:
-    """Read the log at `path` (format `fmt`, or detected when "auto") into a `MetricLog`."""
+def read_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> tuple[list[str], list[tuple[int, int]]]:
+    """The file's lines (UTF-8, undecodable bytes replaced) and (line number, bytes) of each line over
+    `max_line_bytes`, which comes back as "" and is skipped unread (memory stays bounded)."""
+    lines: list[str] = []
+    oversize: list[tuple[int, int]] = []
+    try:
+        with path.open("rb") as f:
+            head = f.read(_BINARY_PROBE)
+            if b"\0" in head:
+                raise DataError(f"{path}: is a binary file (NUL bytes in its first {len(head)} bytes), not a "
+                                "metrics log; pass the verl/Miles/rlbench log (text)")
+            f.seek(0)
+            while True:
+                chunk = f.readline(max_line_bytes + 1)
+                if not chunk:
+                    break
+                if len(chunk) > max_line_bytes and not chunk.endswith(b"\n"):
+                    size = len(chunk)
+                    while chunk and not chunk.endswith(b"\n"):  # skip the rest of the line, 1 MiB at a time
+                        chunk = f.readline(max_line_bytes)
+                        size += len(chunk)
+                    oversize.append((len(lines) + 1, size))
+                    lines.append("")
+                    continue
+                lines.append(chunk.decode("utf-8", errors="replace").rstrip("\r\n"))
+    except OSError as exc:
+        raise DataError(f"{path}: cannot read the metrics log ({exc.strerror}); check the path and its "
+                        "permissions") from None
+    return lines, oversize
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n} bytes"
+
+
+def step_order_warnings(seen: list[tuple[int, int]]) -> list[str]:
+    """Warnings for a step sequence (step, line) that goes back or repeats after other steps.
+
+    Consecutive lines of one step are normal (verl's file logger may split a step); a step that
+    comes again after another one (a resumed or concatenated run), or a step lower than the one
+    before it, is named with its lines.
+    """
+    out: list[str] = []
+    back: list[str] = []
+    again: dict[int, list[int]] = {}
+    first_line: dict[int, int] = {}
+    prev: int | None = None
+    for step, line in seen:
+        if step == prev:
+            continue
+        if prev is not None and step < prev:
+            back.append(f"step {step} at line {line} after step {prev}")
+        if step in first_line:
+            again.setdefault(step, [first_line[step]]).append(line)
+        else:
+            first_line[step] = line
+        prev = step
+    if back:
+        more = f" and {len(back) - 4} more" if len(back) > 4 else ""
+        out.append(f"steps go back: {'; '.join(back[:4])}{more} (a resumed or concatenated run?); "
+                   "the table is sorted by step")
+    if again:
+        items = [f"{s} (lines {', '.join(map(str, ls[:4]))})" for s, ls in list(again.items())[:4]]
+        out.append(f"steps logged again after other steps: {'; '.join(items)}"
+                   f"{' and more' if len(again) > 4 else ''}; their metrics are merged, the later line wins")
+    return out
+
+
+def _drop_negative_steps(rows: dict[int, dict[str, Any]], seen: list[tuple[int, int]], warnings: list[str]) -> None:
+    neg = sorted({s for s in rows if s < 0})
+    if neg:
+        lines = [str(line) for s, line in seen if s < 0][:5]
+        warnings.append(f"negative steps {', '.join(map(str, neg[:5]))} (line {', '.join(lines)}) are not steps "
+                        "of a run; ignored")
+        for s in neg:
+            del rows[s]
+
+
+def _accuracy_from_reward(frame: pd.DataFrame, path: Path, notes: list[str]) -> pd.DataFrame:
+    """Copy each validation mean reward to its accuracy name, after checking the rewards are 0/1."""
+    for col in list(frame.columns):
+        twin = accuracy_twin(str(col))
+        if twin is None or twin in frame.columns:
+            continue
+        x = frame[col].dropna()
+        bad = x[(x < 0) | (x > 1)]
+        if len(bad):
+            raise DataError(f"{path}: {col} is {bad.iloc[0]:g} at step {bad.index[0]}, outside [0, 1]: it is a "
+                            "mean reward, not an accuracy; drop --reward-is-accuracy")
+        for side, op in (("critic/score/min", lambda v: v < 0), ("critic/score/max", lambda v: v > 1)):
+            if side in frame.columns and op(frame[side].dropna()).any():
+                raise DataError(f"{path}: {side} leaves [0, 1], so rewards are not 0/1 and {col} is not an "
+                                "accuracy; drop --reward-is-accuracy")
+        frame[twin] = frame[col]
+        notes.append(f"{col} read as {twin} (--reward-is-accuracy: 0/1 rewards)")
+    return frame
+
+
+def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: bool = False,
+                 max_line_bytes: int = MAX_LINE_BYTES) -> MetricLog:
+    """Read the log at `path` (format `fmt`, or detected when "auto") into a `MetricLog`.
+
+    `reward_is_accuracy`: the run's rewards are 0/1 per sample, so each validation mean reward
+    (`val-core/<ds>/reward/mean@N`) is also its accuracy (`val-core/<ds>/acc/mean@N`); checked
+    against the logged values (a reward outside [0, 1] is an error).
+    """
     path = Path(path)
     if fmt != "auto" and fmt not in FORMATS:
         raise ConfigError(f"unknown log format {fmt!r} for {path}; use auto or one of {', '.join(FORMATS)}")
+    if path.is_dir():
+        raise DataError(f"{path}: is a directory, not a metrics log; pass the log file inside it "
+                        "(e.g. metrics.jsonl)")
     if not path.is_file():
         raise DataError(f"{path}: metrics log not found; check the path")
-    try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read the metrics log ({exc.strerror})") from None
-    lines = text.splitlines()
+    lines, oversize = read_lines(path, max_line_bytes)
+    if not any(lines):
+        if oversize:
+            n, size = oversize[0]
+            raise DataError(f"{path}:{n}: a {_mb(size)} line, over the {_mb(max_line_bytes)} limit of a metrics "
+                            "line, and nothing else: this is not a metrics log")
+        raise DataError(f"{path}: the file is empty; a metrics log has one line per step")
     if fmt == "auto":
         fmt = detect_format(lines, path)
     warnings: list[str] = []
+    seen: list[tuple[int, int]] = []
+    if oversize:
+        n, size = oversize[0]
+        if fmt in ("verl-jsonl", "rlbench", "miles-jsonl"):
+            raise DataError(f"{path}:{n}: line is {_mb(size)}, over the {_mb(max_line_bytes)} limit of a metrics "
+                            "line; a JSON metrics line is a few kB: fix or delete that line")
+        more = f" (and {len(oversize) - 1} more)" if len(oversize) > 1 else ""
+        warnings.append(f"line {n}: {_mb(size)} long, over the {_mb(max_line_bytes)} limit of a log line; "
+                        f"skipped unread{more}")
     if fmt in ("verl-jsonl", "rlbench", "miles-jsonl"):
-        rows = _load_json_lines(lines, path, fmt, warnings)
+        rows = _load_json_lines(lines, path, fmt, warnings, seen)
     elif fmt == "verl-console":
-        rows = _load_verl_console(lines, warnings)
+        rows = read_verl_console(lines, warnings, seen)
     else:
-        rows = _load_miles_console(lines, path, warnings)
-    return MetricLog(frame=_frame(rows, path, fmt), source_format=fmt, warnings=warnings, path=path)
+        rows = _load_miles_console(lines, path, warnings, seen)
+    _drop_negative_steps(rows, seen, warnings)
+    warnings.extend(step_order_warnings(seen))
+    frame = _frame(rows, path, fmt)
+    notes: list[str] = []
+    if reward_is_accuracy:
+        frame = _accuracy_from_reward(frame, path, notes)
+    return MetricLog(frame=frame, source_format=fmt, warnings=warnings, path=path, notes=notes)

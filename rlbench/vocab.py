@@ -23,6 +23,18 @@ Known departures:
   published configurations) and rlbench does not try to re-align them otherwise.
 - Miles' `eval/<ds>` is the mean reward over evaluation samples; it maps to `acc/mean@1` as the
   Miles article reads it (accuracy), which holds for 0/1 rewards.
+
+Reward is not accuracy. verl logs `val-core/<ds>/reward/mean@N`, the mean validation reward,
+and `val-core/<ds>/acc/mean@N` only when the reward function returns an `acc`; with +-1 rewards
+(DAPO's math reward) a mean reward of 0.5 is an accuracy of 0.75. So the mean reward keeps its
+name (and verl's oldest `val/test_score/<ds>`, the same mean score, becomes
+`val-core/<ds>/reward/mean@1`). It is read as the accuracy only when the user says the rewards
+are 0/1 per sample (`rlbench check --reward-is-accuracy`, `load_metrics(reward_is_accuracy=True)`,
+see `accuracy_twin`), and then only where the log has no accuracy of its own and every value,
+and the training `critic/score/min`/`max`, stays in [0, 1].
+
+Scaled names: verl's older releases logged `critic/lr(1e-4)` = lr x 1e4 (the number in the
+parentheses is the unit); `canonical_name_and_scale` returns `critic/lr` and the factor 1e-4.
 """
 
 from __future__ import annotations
@@ -75,13 +87,19 @@ MILES_PATTERNS: list[tuple[re.Pattern[str], str]] = [
     (re.compile(r"^eval/(?P<ds>[^/]+)$"), "val-core/{ds}/acc/mean@1"),
 ]
 
-# Names of older verl releases, applied to every source.
+# Names of older verl releases (its quickstart prints them), applied to every source.
 VERL_LEGACY_PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    # verl < 0.4 called the validation accuracy "reward"
-    (re.compile(r"^val-core/(?P<ds>.+)/reward/mean@(?P<n>\d+)$"), "val-core/{ds}/acc/mean@{n}"),
-    # verl < 0.3 logged one validation score per data source
-    (re.compile(r"^val/test_score/(?P<ds>.+)$"), "val-core/{ds}/acc/mean@1"),
+    # verl < 0.3 logged one validation score (mean reward) per data source
+    (re.compile(r"^val/test_score/(?P<ds>.+)$"), "val-core/{ds}/reward/mean@1"),
+    # verl < 0.3 timed phases under "timing/" (seconds), now "timing_s/"
+    (re.compile(r"^timing/(?P<phase>.+)$"), "timing_s/{phase}"),
+    # verl < 0.3 logged the mean token entropy as "actor/entropy_loss"
+    (re.compile(r"^actor/entropy_loss$"), "actor/entropy"),
 ]
+
+# "name(1e-4)": the value is in units of 1e-4 (verl's old `critic/lr(1e-4)` logged lr x 1e4).
+_SCALED = re.compile(r"^(?P<base>.+)\((?P<unit>1e-?\d+)\)$")
+_REWARD_MEAN = re.compile(r"^val-core/(?P<ds>.+)/reward/(?P<stat>mean|best|worst|maj)@(?P<rest>.+)$")
 
 # Keys that carry the step, not a metric. Miles logs a separate step key per metric family.
 STEP_KEYS: tuple[str, ...] = ("step", "rollout/step", "train/step", "eval/step")
@@ -98,6 +116,21 @@ def _apply_patterns(name: str, patterns: list[tuple[re.Pattern[str], str]]) -> s
         if m:
             return template.format(**m.groupdict())
     return None
+
+
+@lru_cache(maxsize=65536)
+def canonical_name_and_scale(name: str, source: str = "verl") -> tuple[str, float]:
+    """(verl name, factor to multiply the logged values by) of metric `name` logged by `source`."""
+    m = _SCALED.match(name)
+    if m:
+        return canonical_name(m.group("base"), source), float(m.group("unit"))
+    return canonical_name(name, source), 1.0
+
+
+def accuracy_twin(name: str) -> str | None:
+    """`val-core/<ds>/acc/<stat>@N` for a validation mean-reward name, else None (see module doc)."""
+    m = _REWARD_MEAN.match(name)
+    return f"val-core/{m.group('ds')}/acc/{m.group('stat')}@{m.group('rest')}" if m else None
 
 
 @lru_cache(maxsize=65536)
@@ -127,4 +160,8 @@ def mapping_table() -> list[dict[str, str]]:
         rows.append({"source": "miles", "name": pattern.pattern, "canonical": template})
     for pattern, template in VERL_LEGACY_PATTERNS:
         rows.append({"source": "verl (older releases)", "name": pattern.pattern, "canonical": template})
+    rows.append({"source": "verl (older releases)", "name": "<name>(1e-4)",
+                 "canonical": "<name>, value x 1e-4 (e.g. critic/lr(1e-4) -> critic/lr)"})
+    rows.append({"source": "any, with --reward-is-accuracy", "name": "val-core/<ds>/reward/mean@N",
+                 "canonical": "also val-core/<ds>/acc/mean@N, when every value is in [0, 1]"})
     return rows

@@ -70,3 +70,55 @@ def write_qwen3_8b_grpo_log(path: str | Path, *, truncated_tail: bool = False, *
         text += lines[-1][: len(lines[-1]) // 2]
     path.write_text(text)
     return path
+
+
+# ---------------------------------------------------------------------------- console shapes
+RAY = "(TaskRunner pid=123) "
+
+
+def verl_console_items(step: int) -> list[tuple[str, str]]:
+    """One verl console step as (key, printed value) pairs, with numpy reprs, negatives, exponents."""
+    return [
+        ("actor/ppo_kl", f"np.float64({1e-4 * (1 + step % 3)!r})"),
+        ("critic/returns/min", f"{-0.25 - step / 100:.3f}"),
+        ("response_length/mean", f"{368.902 + step:.3f}"),
+        ("training/global_step", str(step)),
+        ("actor/lr", "1e-06"),
+        ("critic/score/mean", f"np.float32({0.5 + step / 100:.4f})"),
+        ("timing_s/old_log_prob", f"{6.1234 + step:.4f}"),
+        ("perf/total_num_tokens", f"np.int64({4096 * step})"),
+        ("val-core/openai/gsm8k/acc/mean@1", "nan" if step % 2 else f"{0.8 + step / 1000:.3f}"),
+    ]
+
+
+def verl_console_line(step: int, prefix: str = RAY) -> str:
+    """`(TaskRunner pid=123) step:N - key:value - ...` as verl's console logger prints it."""
+    return f"{prefix}step:{step} - " + " - ".join(f"{k}:{v}" for k, v in verl_console_items(step))
+
+
+def verl_console_log(steps: range, prefix: str = RAY) -> list[str]:
+    """Step lines with the unrelated lines a real console log has between them (tqdm, INFO)."""
+    out = ["2026-01-01 12:00:00 INFO Loading model from /models/qwen"]
+    for s in steps:
+        out.append(verl_console_line(s, prefix))
+        out.append(f"{prefix}Training Progress:  {s}0%|#         | {s}/10 [00:12<01:50, 12.2s/it]")
+    return out
+
+
+def wrap(lines: list[str], width: int, *, strip: bool = True) -> list[str]:
+    """Break every line into `width`-character physical lines, as a terminal or collector does
+    (`strip`: trailing spaces at each break are lost, as copy-paste from a terminal loses them)."""
+    out: list[str] = []
+    for line in lines:
+        for i in range(0, max(len(line), 1), width):
+            piece = line[i:i + width]
+            out.append(piece.rstrip() if strip else piece)
+    return out
+
+
+def miles_perf_record(rollout: int) -> str:
+    """A Miles rollout-manager record, `perf N: {...}`, as one line."""
+    body = {"perf/rollout_time": 150.0 + rollout, "perf/tokens_per_gpu_per_sec": 1200.5 + rollout,
+            "rollout/raw_reward": 0.25 + rollout / 10, "perf/step_time": 388.5}
+    inner = ", ".join(f"'{k}': {'np.float64(' + repr(v) + ')' if 'tokens' in k else repr(v)}" for k, v in body.items())
+    return f"[2026-01-01 10:00:0{rollout}] INFO rollout.py:120 - perf {rollout}: {{{inner}}}"

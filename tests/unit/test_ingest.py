@@ -42,8 +42,13 @@ def _write(path: Path, text: str) -> Path:
         ("eval/aime-pass@16", "miles", "val-core/aime/acc/pass@16"),
         ("eval/aime-2024-truncated_ratio", "miles", "val-aux/aime-2024/truncated_ratio"),
         ("eval/aime/response_len/mean", "miles", "val-aux/aime/response_len/mean"),
-        ("val-core/openai/gsm8k/reward/mean@1", "verl", "val-core/openai/gsm8k/acc/mean@1"),
-        ("val/test_score/openai/gsm8k", "verl", "val-core/openai/gsm8k/acc/mean@1"),
+        # a mean reward is not an accuracy (+-1 rewards): it keeps a reward name
+        ("val-core/openai/gsm8k/reward/mean@1", "verl", "val-core/openai/gsm8k/reward/mean@1"),
+        ("val/test_score/openai/gsm8k", "verl", "val-core/openai/gsm8k/reward/mean@1"),
+        # verl's quickstart names (older releases)
+        ("timing/gen", "verl", "timing_s/gen"),
+        ("timing/update_actor", "verl", "timing_s/update_actor"),
+        ("actor/entropy_loss", "verl", "actor/entropy"),
         # Miles tables do not apply to verl logs, and unknown names pass through.
         ("train/ppo_kl", "verl", "train/ppo_kl"),
         ("actor/ppo_kl", "verl", "actor/ppo_kl"),
@@ -91,11 +96,13 @@ def test_verl_jsonl_merges_lines_of_one_step_and_tolerates_truncated_last_line(t
     assert frame.loc[1, "actor/ppo_kl"] == 0.002  # the later line of step 1 wins
     assert frame.loc[2, "actor/ppo_kl"] == 0.003
     assert frame.loc[2, "timing_s/step"] == 12.0
-    assert frame.loc[1, "val-core/openai/gsm8k/acc/mean@1"] == 0.5  # older verl name mapped
-    assert math.isnan(frame.loc[2, "val-core/openai/gsm8k/acc/mean@1"])
+    assert frame.loc[1, "val-core/openai/gsm8k/reward/mean@1"] == 0.5  # a reward, not read as accuracy
+    assert math.isnan(frame.loc[2, "val-core/openai/gsm8k/reward/mean@1"])
+    assert "val-core/openai/gsm8k/acc/mean@1" not in frame.columns
     assert "note" not in frame.columns  # not a number
     assert all(str(t) == "float64" for t in frame.dtypes)
-    assert len(log.warnings) == 1 and log.warnings[0].startswith("line 4: truncated JSON line ignored")
+    assert len(log.warnings) == 2 and log.warnings[0].startswith("line 4: truncated JSON line ignored")
+    assert log.warnings[1].startswith("steps go back: step 1 at line 2 after step 2")  # written 2, 1, 1
 
 
 def test_verl_jsonl_reads_nan_and_keeps_all_nan_metric(tmp_path: Path) -> None:
@@ -169,7 +176,7 @@ def test_verl_console_with_numpy_reprs_and_ray_prefixes(tmp_path: Path) -> None:
     assert math.isnan(f.loc[2, "critic/score/mean"])
     assert f.loc[2, "actor/grad_norm"] == math.inf
     assert f.loc[2, "actor/lr"] == 1e-6  # the Ray "[repeated ...]" suffix is not part of the value
-    assert f.loc[3, "val-core/openai/gsm8k/acc/mean@1"] == 0.75
+    assert f.loc[3, "val-core/openai/gsm8k/reward/mean@1"] == 0.75
     assert "note" not in f.columns
     assert any("'note'" in w for w in log.warnings)
 
