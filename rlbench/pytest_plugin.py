@@ -34,8 +34,12 @@ suite, profile or metric. Only the references that list a profile become its ite
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import re
 import sys
+import threading
 import traceback
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,7 +47,7 @@ from typing import Any
 import pytest
 
 from rlbench.golden import stat_key
-from rlbench.report import ReportSection, render_session_report
+from rlbench.report import ReportSection, UnrunProfile, render_session_report
 from rlbench.results import CheckResult
 from rlbench.suite import PROFILE_NAMES, Reference, Suite, load_suite, profile_unmet_requirements
 from trainer.errors import RLBenchError
@@ -103,14 +107,22 @@ class RLBenchState:
     terminal: Any = None  # pytest's terminal reporter: status lines reach the user while output is captured
 
     capture: Any = None  # pytest's capture manager, suspended while a status line is written
+    # Outcomes of this session's items, to state pytest's numbers in the report and the summary.
+    item_key: dict[str, tuple[str, str]] = field(default_factory=dict)  # nodeid -> (suite id, profile)
+    outcomes: Counter[str] = field(default_factory=Counter)  # passed / failed / skipped
+    skip_reasons: Counter[str] = field(default_factory=Counter)  # reason -> items skipped for it
+    unrun: dict[tuple[str, str], tuple[str, str, int]] = field(default_factory=dict)  # key -> title, reason, n
+    lock: threading.Lock = field(default_factory=threading.Lock)  # progress lines come from a thread
 
     def status(self, line: str) -> None:
-        if self.terminal is None:
-            print(f"[rlbench] {line}", file=sys.stderr, flush=True)
-            return
-        ctx = self.capture.global_and_fixture_disabled() if self.capture is not None else contextlib.nullcontext()
-        with ctx:
-            self.terminal.write_line(f"[rlbench] {line}")
+        with self.lock:
+            if self.terminal is None:
+                print(f"[rlbench] {line}", file=sys.stderr, flush=True)
+                return
+            ctx = (self.capture.global_and_fixture_disabled() if self.capture is not None
+                   else contextlib.nullcontext())
+            with ctx:
+                self.terminal.write_line(f"[rlbench] {line}")
 
     def unmet(self, suite: Suite, profile: str) -> list[str]:
         if self.logs is not None:
@@ -153,7 +165,19 @@ class RLBenchState:
         except Exception as e:  # noqa: BLE001 - a crash in training is reported on every item of the profile
             tb = traceback.format_exc(limit=-8)
             return _ProfileRun(error=f"{suite.id} [{profile}] crashed: {type(e).__name__}: {e}\n{tb}")
-        return _ProfileRun(by_ref=outcome.by_ref[seeds[0]], section=outcome.sections[0])
+        by_ref = [_per_item(suite, profile, ref, rs) for ref, rs in zip(suite.references, outcome.by_ref[seeds[0]])]
+        section = dataclasses.replace(outcome.sections[0], results=[r for rs in by_ref for r in rs])
+        return _ProfileRun(by_ref=by_ref, section=section)
+
+
+def _per_item(suite: Suite, profile: str, ref: Reference, results: list[CheckResult]) -> list[CheckResult]:
+    """One result per pytest item: a reference skipped as a whole (e.g. golden values not recorded
+    for this arch: one skip) is repeated under each of its items' check ids, so the report counts
+    what pytest counts. References of other profiles (no items) are kept as they are."""
+    ids = expected_check_ids(suite, profile, ref)
+    if len(ids) > 1 and len(results) == 1 and results[0].verdict == "skip":
+        return [dataclasses.replace(results[0], check_id=cid) for cid in ids]
+    return results
 
 
 def _log_paths(logs: Path, suite: Suite, profile: str) -> dict[str, Path]:
@@ -204,6 +228,7 @@ def pytest_configure(config: pytest.Config) -> None:
     state.terminal = config.pluginmanager.get_plugin("terminalreporter")
     state.capture = config.pluginmanager.get_plugin("capturemanager")
     config.stash[_STATE] = state
+    config.pluginmanager.register(ItemRecorder(state), "rlbench-item-recorder")
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:
@@ -321,9 +346,43 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
     if not isinstance(item, CheckItem):
         return
     owner = item._owner
-    reasons = item.config.stash[_STATE].unmet(owner.suite, owner.profile)
+    state = item.config.stash[_STATE]
+    key = (owner.suite.id, owner.profile)
+    state.item_key[item.nodeid] = key
+    reasons = state.unmet(owner.suite, owner.profile)
     if reasons:
+        title = f"{owner.suite.title} [{owner.profile}]"
+        _, _, n = state.unrun.get(key, (title, "", 0))
+        state.unrun[key] = (title, "; ".join(reasons), n + 1)
         _skip(f"{owner.suite.id} [{owner.profile}] cannot run here: {'; '.join(reasons)}")
+
+
+_SKIP_PREFIX = re.compile(r"^(?:Skipped:\s*)?(?:\S+: SKIP \((.*)\)|(.*))$", re.DOTALL)
+
+
+def skip_reason_text(longrepr: Any) -> str:
+    """The reason of a skip report, without pytest's 'Skipped: ' and the check id's '<id>: SKIP (...)'."""
+    text = longrepr[2] if isinstance(longrepr, tuple) and len(longrepr) == 3 else str(longrepr)
+    m = _SKIP_PREFIX.match(text.strip())
+    return ((m.group(1) or m.group(2)) if m else text).strip()
+
+
+class ItemRecorder:
+    """Registered per session: counts the rlbench items the way pytest does (a skip in setup or
+    call, a pass or a failure), so the report and the summary state pytest's numbers."""
+
+    def __init__(self, state: RLBenchState) -> None:
+        self.state = state
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        state = self.state
+        if report.nodeid not in state.item_key:
+            return
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            outcome = "skipped" if report.skipped else ("passed" if report.passed else "failed")
+            state.outcomes[outcome] += 1
+            if report.skipped:
+                state.skip_reasons[skip_reason_text(report.longrepr)] += 1
 
 
 # ---------------------------------------------------------------------------- session end
@@ -334,11 +393,21 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     sections = [r.section for r in state.runs.values() if r.section is not None]
     if not sections and not session.config.getoption("--rlbench-report"):
         return  # nothing ran and no report was asked for
-    render_session_report(state.report, sections, title=f"rlbench suites on {state.arch}")
+    unrun = [UnrunProfile(title, reason, n) for title, reason, n in state.unrun.values()]
+    render_session_report(state.report, sections, title=f"rlbench suites on {state.arch}", unrun=unrun,
+                          items={k: state.outcomes[k] for k in ("passed", "failed", "skipped") if state.outcomes[k]})
     state.report_written = True
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """The skips grouped by reason (shown with -q too, where pytest lists none), then the report path."""
     state = config.stash.get(_STATE, None)
-    if state is not None and state.report_written:
+    if state is None:
+        return
+    if state.skip_reasons:
+        total = sum(state.skip_reasons.values())
+        terminalreporter.write_line(f"rlbench: {total} skipped, by reason:")
+        for reason, n in state.skip_reasons.most_common():
+            terminalreporter.write_line(f"  {n:4d}  {reason}")
+    if state.report_written:
         terminalreporter.write_line(f"rlbench session report: {state.report}")

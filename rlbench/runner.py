@@ -44,7 +44,9 @@ import yaml
 from rlbench.checks import evaluate
 from rlbench.ingest import load_metrics
 from rlbench.report import ReportSection, overall_verdict, render_report, render_session_report
+from rlbench.report_summary import counts_text
 from rlbench.results import CheckResult
+from rlbench.run_progress import MetricsTail
 from rlbench.suite import Suite, load_suite, profile_unmet_requirements
 from trainer.config import apply_overrides
 from trainer.errors import ConfigError
@@ -170,8 +172,12 @@ def profile_env(env: dict[str, str]) -> Iterator[None]:
 
 def train_profile(suite: Suite, profile: str, out: str | Path, *, seeds: list[int],
                   modes: list[str] | None = None, sets: list[str] | None = None,
-                  status: Status = stderr_status) -> ProfileRuns:
-    """Train every (seed, mode) of a profile; returns where each metrics.jsonl is."""
+                  status: Status = stderr_status, progress_every_s: float = 10.0) -> ProfileRuns:
+    """Train every (seed, mode) of a profile; returns where each metrics.jsonl is.
+
+    While a run trains, `status` gets a progress line per new step (step k/N, s/step, score), at
+    most one per `progress_every_s` seconds plus the last step (rlbench/run_progress.py).
+    """
     from trainer.api import train
     from trainer.config import load_config
 
@@ -195,7 +201,10 @@ def train_profile(suite: Suite, profile: str, out: str | Path, *, seeds: list[in
                     (folder / f"config.{mode}.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
                 status(f"{suite.id} [{profile}] {mode} seed {seed}: training {cfg.trainer.total_steps} steps "
                        f"-> {tdir}")
-                runs.metrics[seed][mode] = Path(train(cfg))
+                with MetricsTail(Path(cfg.trainer.out_dir) / "metrics.jsonl", total=cfg.trainer.total_steps,
+                                 label=f"{suite.id} [{profile}] {mode} seed {seed}", status=status,
+                                 every_s=progress_every_s):
+                    runs.metrics[seed][mode] = Path(train(cfg))
     return runs
 
 
@@ -224,8 +233,10 @@ class Outcome:
         return [r for r, _ in pairs], [s for _, s in pairs]
 
 
-def suite_meta(suite: Suite, profile: str) -> dict[str, Any]:
+def suite_meta(suite: Suite, profile: str, steps: int | None = None) -> dict[str, Any]:
+    """The report's suite table; `steps` (default: the profile's) is what the runs' coverage is checked against."""
     return {"suite": suite.id, "title": suite.title, "profile": profile, "file": str(suite.path or ""),
+            "steps": steps if steps is not None else suite.profile(profile).steps,
             "published_on": suite.published_on.model_dump(),
             "sources": [f"{s.doc}: {s.where}" for s in suite.source]}
 
@@ -256,7 +267,7 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
         seed_of += [seed] * len(res)
         title = f"{suite.title} [{profile}]" + (f" seed {seed}" if len(runs_by_seed) > 1 else "")
         sections.append(ReportSection(title=title, runs=runs, results=res, env=env,
-                                      provenance={**provenance, "seed": seed}, suite_meta=suite_meta(suite, profile)))
+                                      provenance={**provenance, "seed": seed}, suite_meta=suite_meta(suite, profile, _steps_set(provenance))))
     outcome = Outcome(suite, profile, folder, results, seed_of, by_ref)
     doc = {"suite": suite.id, "profile": profile, "arch": arch, "device": device_name,
            "verdict": outcome.verdict, "provenance": provenance,
@@ -272,8 +283,17 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
         render_session_report(report, sections, title=f"{suite.title} [{profile}]")
     outcome.report = report
     outcome.sections = sections
-    status(f"{suite.id} [{profile}]: {outcome.verdict.upper()} ({len(results)} results) -> {report}")
+    status(f"{suite.id} [{profile}]: {outcome.verdict.upper()}: {counts_text(results)} -> {report}")
     return outcome
+
+
+def _steps_set(provenance: dict[str, Any]) -> int | None:
+    """`trainer.total_steps` from the run's `--set` overrides, when one set it."""
+    for item in reversed(provenance.get("overrides") or []):
+        key, _, value = str(item).partition("=")
+        if key.strip() == "trainer.total_steps" and value.strip().isdigit():
+            return int(value)
+    return None
 
 
 def _unrun_to_skip(r: CheckResult, ran_modes: list[str]) -> CheckResult:

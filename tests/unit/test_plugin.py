@@ -5,8 +5,12 @@ another folder never loads the plugin."""
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -78,9 +82,15 @@ def test_rlbench_logs_pass(project: pytest.Pytester) -> None:
     outcomes = res.parseoutcomes()
     assert outcomes["passed"] == 11 and outcomes.get("failed", 0) == 0  # the suite's 11 full references
     assert "no logs for verl_dapo_qwen25_math_7b_fully_async_gfx942 [full]" in res.stdout.str()
-    assert f"[rlbench] {SUITE} [full]: PASS (15 results)" in res.stdout.str()  # status line, not captured
+    out = res.stdout.str()
+    # status line, not captured: this profile's checks, then those of other profiles (no items)
+    assert re.search(rf"\[rlbench\] {SUITE} \[full\]: PASS: 11 pass \(\+\d+ of other profiles\)", out)
     html = report.read_text()
     assert "Plotly.newPlot" in html and "Qwen3-8B" in html
+    # The report states pytest's numbers and the profile that could not run, with its item count.
+    assert f"pytest items: 11 passed, {outcomes['skipped']} skipped." in html
+    assert f"{outcomes['skipped']} checks of verl DAPO" in html and "could not run here: no logs for" in html
+    assert "<b>10</b> of 10 published references" in html
     assert (project.path / "runs" / SUITE / "full" / "checks.json").is_file()
 
 
@@ -132,3 +142,41 @@ def test_collected_item_ids(project: pytest.Pytester) -> None:
     assert f"suites/{SUITE}.yaml::{SUITE}[cpu]::critic/score/mean:delta>=0.05" in lines
     # dapo cpu runs fully_async only: no @mode suffix on single-mode checks
     assert any(ln.startswith(f"suites/{DAPO}.yaml::{DAPO}[cpu]::") for ln in lines)
+
+
+def test_quiet_run_summarises_skip_reasons(project: pytest.Pytester) -> None:
+    res = project.runpytest("suites", "-p", "no:cacheprovider", "-q", "--rlbench-out", str(project.path / "runs"),
+                            "--arch", "cpu", "--profile", "full")
+    outcomes = res.parseoutcomes()
+    out = res.stdout.str()
+    assert f"rlbench: {outcomes['skipped']} skipped, by reason:" in out
+    lines = [ln for ln in out.splitlines() if re.match(r"^\s+\d+\s{2}\S", ln)]
+    assert len(lines) == 2  # one line per reason: each suite's full profile needs its GPUs
+    assert sum(int(ln.split()[0]) for ln in lines) == outcomes["skipped"]
+    assert any("needs 8 GPUs of arch gfx950" in ln for ln in lines)
+
+
+def test_progress_lines_follow_the_metrics_log(tmp_path: Path) -> None:
+    from rlbench.run_progress import MetricsTail, progress_line
+
+    assert progress_line("s [cpu] colocated", 3, 8, {"critic/score/mean": 0.4123}, 19.24, 0.59) == \
+        "s [cpu] colocated: step 3/8, 19.2 s/step, score 0.412, val acc 0.59, ~1.6 min left"
+    log = tmp_path / "metrics.jsonl"
+    log.write_text('{"step": 7, "data": {"critic/score/mean": 0.9}}\n')  # an earlier run's log: not reported
+    lines: list[str] = []
+
+    def trainer() -> None:
+        log.write_text("")  # a fresh run truncates the log
+        for step in range(1, 5):
+            time.sleep(0.05)
+            rec = {"step": step, "data": {"critic/score/mean": 0.1 * step, "timing_s/step": 2.0}}
+            with log.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    with MetricsTail(log, total=4, label="run", status=lines.append, every_s=0.0, poll_s=0.01):
+        t = threading.Thread(target=trainer)
+        t.start()
+        t.join()
+    steps = [int(re.search(r"step (\d+)/4", ln).group(1)) for ln in lines]  # type: ignore[union-attr]
+    assert steps == sorted(set(steps)) and steps[-1] == 4 and 7 not in steps
+    assert lines[-1] == "run: step 4/4, 2.0 s/step, score 0.400"
