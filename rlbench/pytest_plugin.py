@@ -13,7 +13,8 @@ suite, profile or metric. Only the references that list a profile become its ite
 - One training run per suite x profile (every mode it runs, the profile's first seed), started
   lazily by the first item that needs it and shared by the profile's other items; its run
   folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/runner.py). A status line per
-  phase goes to the terminal (the trainer's own progress bar is captured by pytest; `-s` shows it).
+  phase and a progress line per run (step k/N, s/step, score; rlbench/run_progress.py) go to the
+  terminal (the trainer's own progress bar is captured by pytest; `-s` shows it).
 - `--profile` (full | mini | cpu, comma-separated; default: all three): a profile that this
   machine cannot run (GPU count, arch, packages, model/data paths) has every item skipped with
   the reason from `profile_unmet_requirements`. So the default runs exactly what can run here.
@@ -28,7 +29,12 @@ suite, profile or metric. Only the references that list a profile become its ite
   message; skip (e.g. a device-scoped reference on another board, golden values not recorded
   for this arch) -> a pytest skip with the reason.
 - `--rlbench-report PATH`: one HTML report for the session (a section per suite x profile that
-  ran), written at session end; default `<--rlbench-out>/session-report.html`.
+  ran, the profiles that could not run with their reason and number of checks, and pytest's own
+  item counts), written at session end; default `<--rlbench-out>/session-report.html`. A
+  reference skipped as a whole (golden values not recorded for this arch) is counted once per
+  item there, as pytest counts it.
+- At the end, the skipped items are summarised by reason, one line each (also with `-q`, where
+  pytest lists no skip reason).
 """
 
 from __future__ import annotations
