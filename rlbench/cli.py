@@ -7,6 +7,7 @@
     rlbench check --suite verl_geo3k_qwen35_35b_a3b_moe_gfx950 --arch gfx950 \\
         --run colocated=coloc/metrics.jsonl --run fully_async=async/metrics.jsonl
     rlbench golden verl_grpo_qwen3_8b_sglang_gfx950 --profile cpu --seeds 3
+    rlbench selftest                       # planted trainer bugs x the checks that catch them (rlbench/selftest.py)
 
 `run` trains the profile's modes and seeds (see rlbench/runner.py for the run folder), `check`
 reads verl (JSONL or console), Miles or rlbench logs (rlbench/ingest.py), `golden` records
@@ -168,6 +169,18 @@ def cmd_golden(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from rlbench.runner import find_suite
+    from rlbench.selftest import exit_code, markdown, run_selftest
+
+    seeds = [int(x) for x in args.clean_seeds.split(",")] if args.clean_seeds else None
+    result = run_selftest(find_suite(args.suite), args.profile, mutations=args.mutations.split(",") if args.mutations else None,
+                          clean_seeds=seeds, mutation_seed=args.mutation_seed, work=args.work, out=args.out,
+                          tiny=args.tiny, sets=args.set, rev=args.rev)
+    print(markdown(result))
+    return exit_code(result)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from rlbench.runner import PROJECT_ROOT, machine_info
 
@@ -224,6 +237,19 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seeds", type=int, help="number of seeds (default: the profile's seeds)")
     g.add_argument("--golden-dir", help="where golden files go (default: the reference's golden_dir)")
     g.set_defaults(func=cmd_golden)
+
+    st = sub.add_parser("selftest", help="plant known bugs in a copy of the trainer; which checks catch them")
+    st.add_argument("suite", nargs="?", default="verl_grpo_qwen3_8b_sglang_gfx950", help="a colocated suite")
+    st.add_argument("--profile", choices=PROFILE_NAMES, default="cpu", help="profile to run (default cpu)")
+    st.add_argument("--mutations", help="comma-separated names from rlbench/mutations.py (default: all)")
+    st.add_argument("--clean-seeds", help="comma-separated seeds of the clean runs (default 5,6,7)")
+    st.add_argument("--mutation-seed", type=int, default=0, help="seed of the mutated runs (default 0)")
+    st.add_argument("--tiny", action="store_true", help="tiny random-init model, mechanics checks only")
+    st.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="trainer override (repeatable)")
+    st.add_argument("--rev", help="mutate the trainer of this git commit (default: the working tree's)")
+    st.add_argument("--work", default="runs/selftest", help="run folders (default runs/selftest)")
+    st.add_argument("--out", default="reports/selftest", help="table .md and .json (default reports/selftest)")
+    st.set_defaults(func=cmd_selftest)
 
     ls = sub.add_parser("list", help="suites, profiles, and whether each can run here")
     ls.add_argument("--arch", help="see the machine as this arch (default: detected)")

@@ -1,0 +1,178 @@
+"""Named faults for `rlbench selftest`: one-line bugs planted in a scratch copy of the trainer.
+
+Each mutation is an exact-match text replacement in one file of the `trainer` package. The
+target text must occur exactly once in that file, or `apply_mutation` raises naming the mutation
+and the file: when the code a mutation targets moves or changes, the selftest fails loudly
+instead of silently running an unmutated trainer.
+
+    from rlbench.mutations import MUTATIONS, copy_trainer, apply_mutation
+    root = copy_trainer(Path(tmp))                 # tmp/trainer: a copy of the package
+    apply_mutation(MUTATIONS["grpo_no_group_mean"], root)
+
+The list covers the five places a trainer goes wrong: the algorithm (advantages, losses, KL,
+old log-probs), the rollout (sampling and its log-probs), the weight sync, the data (masks,
+ground truth) and the reward. `expect` says which signal should move; the selftest measures
+which check actually caught it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import subprocess
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from trainer.errors import RLBenchError
+
+TRAINER_DIR = Path(__file__).resolve().parents[1] / "trainer"
+AREAS = ("algorithm", "rollout", "sync", "data", "reward")
+
+
+class MutationError(RLBenchError):
+    """A mutation's target text is not (exactly once) in its file."""
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    area: str  # one of AREAS
+    file: str  # path inside the trainer package, e.g. "algorithms/advantages.py"
+    old: str  # exact text, must occur once
+    new: str
+    what: str  # the bug, in words
+    expect: str  # the signal that should move
+
+
+_M = [
+    Mutation("grpo_no_group_mean", "algorithm", "algorithms/advantages.py",
+             "    adv = scores.float() - mean  # [N]\n", "    adv = scores.float()  # [N]\n",
+             "GRPO advantage without subtracting the group mean (score / std)",
+             "critic/advantages/group_mean_abs_max, actor/grad_norm"),
+    Mutation("kl_wrong_sign", "algorithm", "backends/actor.py",
+             "loss = loss + cfg.kl_loss_coef * kl\n", "loss = loss - cfg.kl_loss_coef * kl\n",
+             "KL loss added with the wrong sign (pushes the policy away from the reference)",
+             "actor/kl_loss"),
+    Mutation("kl_against_old_policy", "algorithm", "backends/actor.py",
+             "kl_penalty(logp, micro.ref_logprobs, cfg.kl_loss_type)",
+             "kl_penalty(logp, micro.old_logprobs, cfg.kl_loss_type)",
+             "KL loss against the old (rollout-time) policy instead of the frozen reference",
+             "actor/kl_loss (stays ~0)"),
+    Mutation("loss_agg_token_sum", "algorithm", "algorithms/aggregation.py",
+             "        return masked_sum(loss_mat, mask) / denom\n", "        return masked_sum(loss_mat, mask)\n",
+             "token-mean loss aggregation that never divides by the token count",
+             "actor/grad_norm, actor/kl_loss"),
+    Mutation("old_logprobs_after_update", "algorithm", "modes/colocated.py",
+             "elif c.actor.is_on_policy(batch, n) and cfg.actor.tis_cap is None:",
+             "elif cfg.actor.tis_cap is None:",
+             "old log-probs taken from the update forward of every mini-batch, i.e. after the earlier "
+             "mini-batches' optimizer steps",
+             "training/rollout_probs_diff_max"),
+    Mutation("old_logprobs_from_reference", "algorithm", "modes/colocated.py",
+             "batch.old_logprobs = c.actor.compute_logprobs(batch)\n",
+             "batch.old_logprobs = c.actor.compute_logprobs(batch, model=c.ref)\n",
+             "old log-probs computed with the frozen reference model instead of the current policy",
+             "actor/ppo_kl_first_minibatch, training/rollout_probs_diff_max"),
+    Mutation("trainer_logprobs_ignore_temperature", "algorithm", "ops/logprobs.py",
+             "    if temperature != 1.0:\n        z.div_(temperature)\n",
+             "    if temperature != 1.0:\n        pass\n",
+             "trainer log-probs computed at temperature 1 while the rollout samples at another",
+             "training/rollout_probs_diff_max"),
+    Mutation("sampling_ignores_temperature", "rollout", "rollout/hf.py",
+             "    scaled = logits.float() / params.temperature  # [B, V]\n",
+             "    scaled = logits.float()  # [B, V]\n",
+             "the rollout engine samples (and reports log-probs) at temperature 1",
+             "training/rollout_probs_diff_max"),
+    Mutation("rollout_logprobs_ignore_temperature", "rollout", "rollout/hf.py",
+             "    logp = torch.log_softmax(scaled, dim=-1)  # [B, V]\n",
+             "    logp = torch.log_softmax(logits.float(), dim=-1)  # [B, V]\n",
+             "the rollout samples at the configured temperature but reports temperature-1 log-probs",
+             "training/rollout_probs_diff_max"),
+    Mutation("weights_never_synced", "sync", "modes/colocated.py",
+             '            with timer("update_weights"):\n                c.engine.update_weights(c.actor.named_weights())\n',
+             '            with timer("update_weights"):\n                pass\n',
+             "the trained weights are never copied to the rollout engine",
+             "training/weight_sync_max_abs_diff, training/rollout_probs_diff_max"),
+    Mutation("sync_skips_embeddings", "sync", "rollout/base.py",
+             "        if target.data_ptr() != tensor.data_ptr():\n",
+             '        if target.data_ptr() != tensor.data_ptr() and "embed" not in name:\n',
+             "the weight sync skips the (tied) embedding matrix",
+             "training/weight_sync_max_abs_diff"),
+    Mutation("response_mask_shifted", "data", "batch.py",
+             "            response_mask[i, :len(resp)] = 1.0 if m is None",
+             "            response_mask[i, 1:len(resp) + 1] = 1.0 if m is None",
+             "response mask off by one token (skips the first response token, covers one pad token)",
+             "training/rollout_probs_diff_max"),
+    Mutation("ground_truth_shifted", "data", "steps.py",
+             'batch.meta = {k: [items[g][k] for g in rollout.group_index] for k in ("data_source", "ground_truth",',
+             'batch.meta = {k: [items[(g + (k == "ground_truth")) % len(items)][k] for g in rollout.group_index] '
+             'for k in ("data_source", "ground_truth",',
+             "each response is scored against the ground truth of the next prompt",
+             "critic/score/mean (golden, learning)"),
+    Mutation("reward_inverted", "reward", "steps.py",
+             "    scores = torch.tensor([r.score for r in results], dtype=torch.float32)\n",
+             "    scores = torch.tensor([1.0 - r.score for r in results], dtype=torch.float32)\n",
+             "reward 1 for a wrong answer and 0 for a right one",
+             "critic/score/mean (golden, learning)"),
+]
+MUTATIONS: dict[str, Mutation] = {m.name: m for m in _M}
+assert len(MUTATIONS) == len(_M) and all(m.area in AREAS for m in _M)
+
+
+def copy_trainer(dest: Path, rev: str | None = None) -> Path:
+    """Copy the `trainer` package to `dest/trainer` (no caches): the working tree's, or with `rev` the one
+    of that git commit (`git archive`); returns `dest`."""
+    if rev is None:
+        shutil.copytree(TRAINER_DIR, dest / "trainer", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        return dest
+    archive = subprocess.run(["git", "-C", str(TRAINER_DIR.parent), "archive", "--format=tar", rev, "trainer"],
+                             capture_output=True)
+    if archive.returncode != 0:
+        raise MutationError(f"--rev {rev}: git archive failed ({archive.stderr.decode().strip()}); give a commit "
+                            "of this repository")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+    return dest
+
+
+def trainer_digest(rev: str | None = None) -> str:
+    """Hash of the trainer's sources (working tree, or the tree id of `rev`): a reused run is one of this trainer."""
+    if rev is not None:
+        out = subprocess.run(["git", "-C", str(TRAINER_DIR.parent), "rev-parse", f"{rev}:trainer"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise MutationError(f"--rev {rev}: no trainer/ in that commit ({out.stderr.strip()})")
+        return out.stdout.strip()
+    h = hashlib.sha256()
+    for p in sorted(TRAINER_DIR.rglob("*.py")):
+        h.update(p.relative_to(TRAINER_DIR).as_posix().encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def apply_mutation(mutation: Mutation, root: Path) -> None:
+    """Replace `mutation.old` by `mutation.new` in `root/trainer/<file>`; raise unless it occurs exactly once."""
+    path = root / "trainer" / mutation.file
+    if not path.is_file():
+        raise MutationError(f"mutation {mutation.name}: trainer/{mutation.file} does not exist; update "
+                            "rlbench/mutations.py to the file's new place")
+    text = path.read_text()
+    count = text.count(mutation.old)
+    if count != 1:
+        raise MutationError(f"mutation {mutation.name}: its target text occurs {count} times in "
+                            f"trainer/{mutation.file} (must be exactly once): the code moved or changed; "
+                            f"update the mutation's `old` text in rlbench/mutations.py ({mutation.old.strip()[:60]!r})")
+    path.write_text(text.replace(mutation.old, mutation.new))
+
+
+def check_targets() -> list[str]:
+    """Problems with every mutation's target in the current trainer (empty when all apply)."""
+    problems = []
+    for m in _M:
+        path = TRAINER_DIR / m.file
+        count = path.read_text().count(m.old) if path.is_file() else -1
+        if count != 1:
+            problems.append(f"{m.name}: target text occurs {count} times in trainer/{m.file}")
+    return problems
