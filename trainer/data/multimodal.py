@@ -9,7 +9,7 @@ A multimodal row is a text row (`trainer.data.dataset`) plus an ``images`` list,
      "reward_model": {"style": "rule", "ground_truth": "3"}, ...}
 
 Each entry is a mapping with ``bytes`` (an encoded PNG/JPEG/...; what the HF ``datasets`` Image
-feature stores in parquet) and/or ``path``, a plain path string, or raw bytes. A relative path is
+feature stores in parquet) and/or ``path``, a plain path string, raw bytes, or an already decoded PIL image. A relative path is
 resolved against the data file's folder. Checks, each a one-line `DataError` naming the file, row
 and field: ``images`` must be a list; each entry must be readable (path found) and decode as an
 image (Pillow); the number of ``<image>`` placeholders in the prompt's messages must equal the
@@ -105,8 +105,17 @@ def validate_images(row: Mapping[str, Any], messages: Sequence[Mapping[str, str]
         raise DataError(f"{where}: 'prompt' has {num_placeholders} {IMAGE_PLACEHOLDER} placeholder(s) but "
                         f"'{IMAGE_KEY}' has {len(images)} image(s) (fix: put one {IMAGE_PLACEHOLDER} in the messages "
                         "per image)")
-    return [decode_image(_entry_bytes(e, f"{where} {IMAGE_KEY}[{i}]", base_dir), f"{where} {IMAGE_KEY}[{i}]")
-            for i, e in enumerate(images)]
+    out = []
+    for i, e in enumerate(images):
+        if _is_pil(e):  # rows validated before (load_rows, then a dataset): already decoded
+            out.append(e.convert("RGB"))
+        else:
+            out.append(decode_image(_entry_bytes(e, f"{where} {IMAGE_KEY}[{i}]", base_dir), f"{where} {IMAGE_KEY}[{i}]"))
+    return out
+
+
+def _is_pil(value: Any) -> bool:
+    return type(value).__module__.startswith("PIL.") and hasattr(value, "convert")
 
 
 def png_bytes(image: Any) -> bytes:

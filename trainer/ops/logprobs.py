@@ -39,6 +39,12 @@ incoming gradient, so their logit gradient is exactly zero and a fixed, small se
 compiled. The decoder's sequence width is right-padded to a multiple of `SEQ_MULTIPLE` (right
 padding is causal-safe: no real position attends to it, and its outputs are dropped), and the
 shared-prompt KV path is off (a KV cache's per-layer `update` makes every decoder layer a new graph).
+
+Images: a batch whose ``meta["multi_modal_inputs"]`` holds each row's ``pixel_values`` /
+``image_grid_thw`` (a vision-language policy) runs one full-sequence forward through
+`trainer.models_vlm.multimodal_hidden_states` (image features in the prompt's image-token slots,
+M-RoPE positions instead of the batch's 1-D `position_ids`), the forward the hf engine prefills
+with; the LM head and log-prob math below are unchanged.
 """
 
 from __future__ import annotations
@@ -283,6 +289,13 @@ def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompt
                            seq_multiple: int = 1) -> torch.Tensor:
     """Final hidden states that predict each response token: `[N, R, H]`. `seq_multiple > 1`: the
     decoder input is right-padded (attention 0) to a multiple of it, so compiled layers see few shapes."""
+    mm = batch.meta.get("multi_modal_inputs")
+    if mm is not None and any(m is not None for m in mm):
+        from trainer.models_vlm import multimodal_hidden_states
+
+        p, r = batch.prompt_len, batch.responses.shape[1]
+        hidden, _ = multimodal_hidden_states(model, batch.input_ids, batch.attention_mask, mm, image_cols=p)
+        return hidden[:, p - 1:p - 1 + r]  # [N, R, H]
     base = getattr(model, model.base_model_prefix)
     ckpt_attr = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"

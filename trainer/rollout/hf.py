@@ -13,6 +13,12 @@ dropped from the batch as they finish, so late decode steps run on the rows stil
 The engine owns its copy of the weights (possibly in another dtype than the trainer's);
 `update_weights` copies the trainer's tensors in place. `generate(..., should_stop=)` and
 `continue_generation` (partial rollout) come from `InterruptibleEngine` (trainer/rollout/base.py).
+
+Images: `generate(prompts, params, multi_modal_inputs=[...])` takes one ``{"pixel_values",
+"image_grid_thw"}`` dict (or None) per prompt for a vision-language policy (`trainer/models_vlm.py`).
+The prefill runs `multimodal_hidden_states` (image features in the prompt's image-token slots,
+M-RoPE positions), the forward the trainer recomputes log-probs with; decode steps feed the
+sampled tokens at the next text position of each row. `continue_generation` does not take images.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from collections.abc import Callable, Iterable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from trainer.rollout.base import InterruptibleEngine, SamplingParams, copy_weights_in_place, engine_model
+from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams, copy_weights_in_place, engine_model
 
 # transformers 5.x renames `past_key_values` to `cache`; the old name works across 4.56-5.x.
 warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")
@@ -73,9 +79,43 @@ class HFRolloutEngine(InterruptibleEngine):
         self.version += 1
 
     # ------------------------------------------------------------------ sampling
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 should_stop: Callable[[], bool] | None = None,
+                 multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None = None) -> Rollout:
+        """`InterruptibleEngine.generate`, plus each prompt's images for a vision-language policy."""
+        if multi_modal_inputs is None:
+            return super().generate(prompts, params, should_stop=should_stop)
+        from trainer.models_vlm import is_vlm
+
+        if not is_vlm(self.model):
+            raise ValueError("hf engine: prompts carry images but the policy is a text-only model")
+        n = params.n
+        rows = [list(p) for p in prompts for _ in range(n)]
+        mm = [m for m in multi_modal_inputs for _ in range(n)]
+        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop,
+                                                 multi_modal_inputs=mm)
+        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows))
+
+    def _prefill(self, input_ids: torch.Tensor, attn: torch.Tensor, pos: torch.Tensor, cache: DynamicCache,
+                 multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(last-position logits [B, V], next position [B, 1])` after prefilling the left-padded prompts."""
+        if multi_modal_inputs is None:
+            logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                                use_cache=True).logits[:, -1]
+            return logits, pos[:, -1:] + 1
+        from trainer.models_vlm import multimodal_hidden_states
+
+        hidden, mrope = multimodal_hidden_states(self.model, input_ids, attn, multi_modal_inputs,
+                                                 image_cols=input_ids.shape[1], cache=cache)  # [B, P, H], [3, B, P]
+        logits = self.model.get_output_embeddings()(hidden[:, -1])  # [B, V]
+        return logits, mrope.amax(dim=(0, 2))[:, None] + 1  # text positions continue after the largest M-RoPE one
+
     @torch.no_grad()
     def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
-                    should_stop: Callable[[], bool] | None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+                    should_stop: Callable[[], bool] | None,
+                    multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None = None
+                    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Left-pad `rows`, prefill once, decode until each row stops, exhausts its budget or is interrupted."""
         b = len(rows)
         p_len = max(len(r) for r in rows)
@@ -95,9 +135,7 @@ class HFRolloutEngine(InterruptibleEngine):
         alive = torch.arange(b, device=self.device)  # original row of each batch row still decoding
 
         cache = DynamicCache()
-        logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
-                            use_cache=True).logits[:, -1]  # [B, V]
-        next_pos = pos[:, -1:] + 1  # [B, 1]
+        logits, next_pos = self._prefill(input_ids, attn, pos, cache, multi_modal_inputs)  # [B, V], [B, 1]
         toks_hist, lps_hist, rows_hist = [], [], []
         for t in range(int(budget.max())):
             if should_stop is not None and should_stop():

@@ -1,0 +1,221 @@
+"""Vision-language policies (Qwen2-VL / Qwen2.5-VL family): build, load, freeze, and one shared forward.
+
+`model.path` forms (through `trainer.models.load_model_and_tokenizer`):
+- ``tiny:qwen2.5-vl``: a random-init `Qwen2_5_VLForConditionalGeneration` (1 vision block of
+  width 32 with 8-px patches, 2-layer text model of width 64), the project's byte-level tokenizer
+  plus the Qwen2-VL special tokens ``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``,
+  ``<|video_pad|>``, and a `Qwen2VLImageProcessorPil` sized for the synthetic figures
+  (48 x 48 px -> a 6 x 6 patch grid -> 9 image tokens after the 2 x 2 merge). No hub, no download;
+- a local HF folder whose config has a ``vision_config`` (e.g. a Qwen2.5-VL-3B-Instruct checkout):
+  `AutoModelForImageTextToText` plus the folder's `preprocessor_config.json`.
+
+`load_vision_processor` gives the `trainer.data.multimodal.VisionProcessor` of a model (None
+for a text-only one). Qwen3-VL and Qwen3.5 feed deepstack features into the decoder; their
+forward is not written here yet and loading one is a `ModelError` naming the model type.
+
+The forward (`multimodal_hidden_states`), shared by the hf rollout engine's prefill and the
+trainer's log-prob recomputation so both follow one convention:
+
+    embeds = embed_tokens(input_ids)                                   # [B, T, H]
+    image  = (input_ids == image_token_id) & (column < image_cols) & attention_mask
+    embeds[image] = visual(pixel_values, image_grid_thw)               # merged patch features, rows in order
+    position_ids = get_rope_index(input_ids, image, image_grid_thw, attention_mask)   # [3, B, T] M-RoPE
+    hidden = language_model(inputs_embeds=embeds, position_ids=position_ids, attention_mask=...)
+
+``image_cols`` is the prompt width: an ``<|image_pad|>`` token a policy samples in its response is
+an ordinary text token (its embedding row), never a slot for image features, in both the engine
+and the trainer. Text positions after the image continue from the largest M-RoPE position + 1,
+so a decode step's position is one integer per row (the text model expands it to 3 axes).
+
+`actor.freeze_vision_tower` (verl's option): `freeze_vision_tower` sets ``requires_grad=False`` on
+``model.visual``; the trainer then leaves its weights out of the optimizer and of the weight sync
+(the engine's copy stays equal, as both start from the same weights).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from trainer.errors import ConfigError, ModelError
+
+VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+TINY_VLMS = ("qwen2.5-vl",)
+VISION_PREFIX = "model.visual."
+_TINY_IMAGE = dict(patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64)
+
+
+def is_vlm(model: torch.nn.Module) -> bool:
+    """A Qwen2-VL-family model: a vision tower and an M-RoPE index on its inner `model`."""
+    inner = getattr(model, "model", None)
+    return inner is not None and hasattr(inner, "visual") and hasattr(inner, "get_rope_index")
+
+
+def tiny_vlm_tokenizer() -> Any:
+    from trainer.data.tiny_tokenizer import IM_START, build_tiny_tokenizer
+
+    tok = build_tiny_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": [IM_START, *VISION_TOKENS]})
+    return tok
+
+
+def tiny_vlm_config(arch: str, tokenizer: Any, overrides: dict[str, Any] | None = None) -> Any:
+    if arch not in TINY_VLMS:
+        raise ModelError(f"model.path: unknown tiny vision-language model 'tiny:{arch}' (fix: use tiny:qwen2.5-vl)")
+    from transformers import Qwen2_5_VLConfig
+
+    ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
+                   tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))))
+    text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, tie_word_embeddings=True,
+                bos_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=_TINY_IMAGE["patch_size"],
+                  spatial_merge_size=_TINY_IMAGE["merge_size"], temporal_patch_size=_TINY_IMAGE["temporal_patch_size"],
+                  out_hidden_size=64, fullatt_block_indexes=[0], window_size=16)
+    overrides = dict(overrides or {})
+    text.update(overrides.pop("text_config", {}))
+    vision.update(overrides.pop("vision_config", {}))
+    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids, **overrides)
+
+
+def build_tiny_vlm(arch: str, *, dtype: torch.dtype, attn_implementation: str, seed: int, with_model: bool,
+                   overrides: dict[str, Any] | None = None) -> tuple[torch.nn.Module | None, Any]:
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = tiny_vlm_tokenizer()
+    config = tiny_vlm_config(arch, tokenizer, overrides)
+    model = None
+    if with_model:
+        torch.manual_seed(seed)
+        model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype,
+                                                                 attn_implementation=attn_implementation)
+    return model, tokenizer
+
+
+def config_is_vlm(folder: Path) -> bool:
+    import json
+
+    try:
+        return "vision_config" in json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+def load_pretrained_vlm(folder: Path, *, dtype: torch.dtype, attn_implementation: str, dummy: bool, seed: int
+                        ) -> torch.nn.Module:
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    config = AutoConfig.from_pretrained(folder)
+    if not hasattr(config, "vision_config") or config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
+        raise ModelError(f"model.path: {folder} is a '{config.model_type}' vision-language model; the trainer's "
+                         "image forward covers qwen2_vl and qwen2_5_vl (fix: use a Qwen2-VL / Qwen2.5-VL model)")
+    if dummy:
+        torch.manual_seed(seed)
+        return AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    return AutoModelForImageTextToText.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
+
+
+def load_vision_processor(model_path: str, tokenizer: Any, model: torch.nn.Module | None = None) -> Any:
+    """The `VisionProcessor` of a vision-language `model.path`; None for a text-only model."""
+    from trainer.data.multimodal import VisionProcessor
+
+    if model_path.startswith("tiny:") and model_path.split(":", 1)[1] in TINY_VLMS:
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+        image_processor = Qwen2VLImageProcessorPil(**_TINY_IMAGE)
+    else:
+        folder = Path(model_path).expanduser()
+        if not folder.is_dir() or not config_is_vlm(folder):
+            return None
+        from transformers import AutoImageProcessor
+
+        try:
+            image_processor = AutoImageProcessor.from_pretrained(folder)
+        except (OSError, ValueError) as e:
+            raise ModelError(f"model.path: {folder}: no image processor ({str(e).splitlines()[0]}) (fix: the folder "
+                             "needs the model's preprocessor_config.json)") from None
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    if image_id is None or image_id == tokenizer.unk_token_id:
+        raise ModelError(f"model.path: {model_path}: the tokenizer has no <|image_pad|> token (fix: use the "
+                         "vision-language model's own tokenizer)")
+    merge = int(getattr(image_processor, "merge_size", 2))
+    return VisionProcessor(image_processor=image_processor, image_token_id=int(image_id), merge_size=merge)
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> list[str]:
+    """`requires_grad=False` on the vision tower; returns the frozen parameter names."""
+    if not is_vlm(model):
+        raise ConfigError("actor.freeze_vision_tower: the model has no vision tower (fix: set "
+                          "actor.freeze_vision_tower=false or use a vision-language model.path)")
+    model.model.visual.requires_grad_(False)
+    return [n for n, _ in model.named_parameters() if n.startswith(VISION_PREFIX)]
+
+
+def stack_multimodal_inputs(rows: list[dict[str, torch.Tensor] | None], device: torch.device
+                            ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """`(pixel_values [sum patches, D], image_grid_thw [num_images, 3])` of a batch's rows, in row order."""
+    rows = [r for r in rows if r is not None and r["image_grid_thw"].numel()]
+    if not rows:
+        return None, None
+    return (torch.cat([r["pixel_values"] for r in rows]).to(device),
+            torch.cat([r["image_grid_thw"] for r in rows]).to(device))
+
+
+def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                             mm_rows: list[dict[str, torch.Tensor] | None], *, image_cols: int, cache: Any = None
+                             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(last hidden states [B, T, H], M-RoPE position_ids [3, B, T])` of a batch with images (module docstring)."""
+    inner = model.model
+    pixel_values, grid = stack_multimodal_inputs(mm_rows, input_ids.device)
+    embeds = model.get_input_embeddings()(input_ids)  # [B, T, H]
+    cols = torch.arange(input_ids.shape[1], device=input_ids.device)
+    image = (input_ids == model.config.image_token_id) & (cols < image_cols)[None, :] & attention_mask.bool()  # [B, T]
+    num_slots = int(image.sum())
+    if pixel_values is not None:
+        feats = torch.cat(inner.get_image_features(pixel_values, grid).pooler_output).to(embeds.dtype)  # [I, H]
+        if feats.shape[0] != num_slots:
+            raise ValueError(f"{num_slots} image tokens in the prompts but {feats.shape[0]} image features")
+        embeds = embeds.masked_scatter(image[..., None], feats)
+    elif num_slots:
+        raise ValueError(f"{num_slots} image tokens in the prompts but no pixel_values")
+    position_ids, _ = inner.get_rope_index(input_ids, image.int(), grid, attention_mask=attention_mask)  # [3, B, T]
+    out = inner.language_model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=cache, use_cache=cache is not None)
+    return out.last_hidden_state, position_ids
+
+
+def model_is_vlm(model_path: str) -> bool:
+    """Whether `model.path` names a vision-language model (decided without loading it)."""
+    if model_path.startswith("tiny:"):
+        return model_path.split(":", 1)[1] in TINY_VLMS
+    folder = Path(model_path).expanduser()
+    return folder.is_dir() and config_is_vlm(folder)
+
+
+def check_multimodal_support(cfg: Any) -> None:
+    """ConfigError naming the first setting a vision-language run does not support yet.
+
+    Supported: the single-process colocated loop, the built-in hf engine, the FSDP2 actor without
+    compile, GRPO-style critic-free algorithms, single-turn prompts.
+    """
+    if not model_is_vlm(cfg.model.path):
+        return
+    t = cfg.trainer
+    unsupported = [  # (field, its value, supported when, the fix)
+        ("trainer.mode", t.mode, t.mode == "colocated", "colocated"),
+        ("trainer.use_ray", t.use_ray, not t.use_ray, "false"),
+        ("trainer.n_gpus_per_node", t.n_gpus_per_node, t.n_gpus_per_node * t.nnodes == 1, "1 and trainer.nnodes=1"),
+        ("rollout.engine", cfg.rollout.engine, cfg.rollout.engine == "hf", "hf"),
+        ("actor.strategy", cfg.actor.strategy, cfg.actor.strategy == "fsdp2", "fsdp2"),
+        ("actor.compile", cfg.actor.compile, not cfg.actor.compile, "false"),
+        ("critic.enable", cfg.critic.enable, not cfg.critic.enable, "false"),
+        ("agent.enable", cfg.agent.enable, not cfg.agent.enable, "false"),
+    ]
+    for field, value, ok, fix in unsupported:
+        if not ok:
+            raise ConfigError(f"{field}={value}: not supported with a vision-language model.path ({cfg.model.path}) "
+                              f"yet (fix: set {field}={fix})")
