@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -69,13 +70,16 @@ class MetricsWriter:
                     keep.append(line)
             except (json.JSONDecodeError, KeyError):
                 break  # a truncated last line from a killed run
-        self.path.write_text("".join(k + "\n" for k in keep))
+        tmp = self.path.with_name(self.path.name + ".tmp")  # replaced atomically: a kill here loses nothing
+        tmp.write_text("".join(k + "\n" for k in keep))
+        os.replace(tmp, self.path)
 
     def write(self, step: int, data: dict[str, Any]) -> None:
         line = json.dumps({"step": step, "data": {k: _clean(v) for k, v in sorted(data.items())}})
         with self.path.open("a") as f:
             f.write(line + "\n")
             f.flush()
+            os.fsync(f.fileno())  # on disk before the step's checkpoint is committed (trainer/checkpoint.py)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
