@@ -19,6 +19,15 @@ series, restricted to an inclusive step window `[a, b]` when given, and compares
     ratio: stat(num run) / stat(den run), compared like the above (e.g. median step time
       colocated / fully_async >= 1.5).
 
+What a check saw: a reference whose metric is not in the log, whose window has no logged value,
+or whose statistic needs a part of the run the log lacks is `not_evaluated` with the reason,
+never a pass. The run is expected to span step 0 or 1 to the profile's `steps`; `first` and
+`mean_first` need its start, `final` and `mean_last` its end, every other statistic its whole
+window. On a partial log only a conclusive verdict stands (a peak >= bound already reached, a
+band already left, a non-finite value already seen); the rest are `not_evaluated`, and every
+result of a partial log carries `coverage` ("log has steps 80-200 of the profile's 0-200
+(starts late)") for the table and the report.
+
 Scopes decide whether a reference applies here; when it does not the verdict is `skip` with
 the reason: profile mismatch; device-scoped references hold only on their board (token match
 of `device` in the device name, e.g. MI300X in "AMD Instinct MI300X"); numerics-scoped ones
@@ -38,8 +47,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from rlbench.coverage import Coverage, conclusive_on_partial, needs_note, not_evaluated_result, with_coverage
 from rlbench.results import CheckResult
 from rlbench.suite import Reference, Suite
+from rlbench.vocab import accuracy_twin
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -192,8 +203,19 @@ def skip_reason(suite: Suite, ref: Reference, profile: str, arch: str,
 
 def missing_metric(frame: pd.DataFrame, metric: str, run: str) -> str:
     names = [str(c) for c in frame.columns]
+    reward = next((n for n in names if accuracy_twin(n) == metric), None)
+    if reward is not None:
+        return (f"metric {metric} not in run '{run or 'run'}'; it has {reward}, the mean validation reward, which "
+                "is the accuracy only with 0/1 rewards: if they are, pass --reward-is-accuracy")
     near = difflib.get_close_matches(metric, names, n=3, cutoff=0.5) or names[:5]
     return f"metric {metric} not in run '{run or 'run'}' (nearest: {', '.join(near) or 'no metrics at all'})"
+
+
+def _no_values(frame: pd.DataFrame, ref: Reference) -> str:
+    logged = frame[ref.metric].dropna().index if ref.metric in frame.columns else frame.index[:0]
+    where = f"steps {ref.window[0]}-{ref.window[1]}" if ref.window is not None else "the log"
+    have = f"logged at steps {_span(logged.to_numpy())}" if len(logged) else "never logged with a value"
+    return f"{ref.metric} has no value in {where} ({have})"
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -202,6 +224,7 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
     """Every reference of `suite` against `runs` (mode name -> metrics frame) of one profile."""
     prof = suite.profile(profile)
     runs = {m: (f if f.index.is_monotonic_increasing else f.sort_index()) for m, f in runs.items()}
+    covs = {m: Coverage.of(f, prof.steps) for m, f in runs.items()}
     results: list[CheckResult] = []
     for ref in suite.references:
         reason, tol = skip_reason(suite, ref, profile, arch, device_name)
@@ -211,14 +234,15 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
             if reason:
                 results.append(skipped(ref, reason, "golden"))
             else:
-                results.extend(check_golden(suite, ref, profile, runs, arch=arch, golden_dir=golden_dir))
+                results.extend(with_coverage(check_golden(suite, ref, profile, runs, arch=arch,
+                                                          golden_dir=golden_dir), covs))
             continue
         if reason:
             results.append(skipped(ref, reason, ref.scope))
             continue
         cross = f"cross-arch tol for {arch}; " if tol != ref.tol else ""
         if ref.kind == "ratio":
-            results.append(_check_ratio(ref, prof.modes, runs, tol, cross))
+            results.append(_check_ratio(ref, prof.modes, runs, tol, cross, covs))
             continue
         modes = ref.modes or prof.modes
         for mode in modes:
@@ -229,21 +253,43 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
                 results.append(errored(ref, cid, mode, f"no run for mode {mode} (runs given: "
                                                       f"{', '.join(runs) or 'none'})"))
             else:
-                results.append(check_metric(ref, runs[mode], tol=tol, run=mode, check_id=cid, note=cross))
+                results.append(check_metric(ref, runs[mode], tol=tol, run=mode, check_id=cid, note=cross,
+                                            coverage=covs[mode]))
     return results
 
 
 def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = "",
                  check_id: str | None = None, note: str = "", source: str | None = None,
-                 scope: str | None = None) -> CheckResult:
-    """One metric reference (kind 'metric') against one run."""
+                 scope: str | None = None, coverage: Coverage | None = None) -> CheckResult:
+    """One metric reference (kind 'metric') against one run; `coverage`: the steps the run should span."""
+    result = _check_metric(ref, frame, tol=tol, run=run, check_id=check_id, note=note, source=source, scope=scope)
+    if coverage is None or result.verdict not in ("pass", "fail"):
+        return _with_note(result, coverage)
+    lacks = needs_note(coverage, ref, ref.stat)
+    if ref.stat == "steps_to_reach" and not lacks and result.actual is None:
+        lacks = coverage.missing_for("final", ref.window)  # never reached: only the whole run says so
+    if lacks and not conclusive_on_partial(ref.stat, ref.op or "", result.verdict == "pass"):
+        result = not_evaluated_result(result, lacks)
+    return _with_note(result, coverage)
+
+
+def _with_note(result: CheckResult, coverage: Coverage | None) -> CheckResult:
+    import dataclasses
+
+    note = coverage.note() if coverage is not None else ""
+    return dataclasses.replace(result, coverage=note) if note else result
+
+
+def _check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = "",
+                  check_id: str | None = None, note: str = "", source: str | None = None,
+                  scope: str | None = None) -> CheckResult:
     assert ref.metric is not None and ref.op is not None
     cid = check_id or ref.check_id()
     src = source or ref.source
     label = stat_label(ref.stat, ref.n, ref.threshold)
     tag = f"[{run}] " if run and cid.endswith(f"@{run}") else ""  # name the run when there are several
     if ref.metric not in frame.columns:
-        return errored(ref, cid, run, missing_metric(frame, ref.metric, run), label)
+        return unevaluated(ref, cid, run, missing_metric(frame, ref.metric, run), label)
     if ref.op == "band":
         assert ref.lo is not None and ref.hi is not None
         steps, x = window_series(frame, ref.metric, ref.window)
@@ -253,7 +299,9 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
         detail = (f"{int(out.sum())} of {len(x)} steps outside, first step {steps[out][0]} = {_f(float(x[out][0]))}"
                   if out.any() else f"{len(x)} steps, min {_f(float(x.min()) if len(x) else None)}, "
                                     f"max {_f(float(x.max()) if len(x) else None)}")
-        verdict = "pass" if ok else ("error" if len(x) == 0 else "fail")
+        if len(x) == 0:
+            return unevaluated(ref, cid, run, _no_values(frame, ref), label)
+        verdict = "pass" if ok else "fail"
         msg = (f"{tag}{ref.metric} every step over steps {_span(steps)}: {detail}, expected {expected}: "
                f"{verdict.upper()}")
         return CheckResult(cid, verdict, ref.metric, label, expected, float(out.sum()), src, ref.why,
@@ -263,7 +311,11 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
     ok, bound, tol_txt = compare(0.0 if sv.value is None else sv.value, ref.op, ref.value, tol, ref.rel_tol)
     ok = ok and sv.value is not None
     expected = expectation(bound, tol_txt, note, src)
-    verdict = "pass" if ok else ("error" if sv.value is None and sv.note == "no logged values" else "fail")
+    if sv.value is None and sv.note == "no logged values":
+        return unevaluated(ref, cid, run, _no_values(frame, ref), label)
+    if sv.value is None and sv.note.startswith("needs"):
+        return unevaluated(ref, cid, run, f"{ref.metric} {label}: {sv.note} in the log", label)
+    verdict = "pass" if ok else "fail"
     extra = f" ({sv.note})" if sv.note and (not ok or ref.stat in ("peak", "max", "min")) else ""
     msg = (f"{tag}{ref.metric} {label} over steps {_span(sv.steps)} = {_f(sv.value)}{extra}, "
            f"expected {expected}: {verdict.upper()}")
@@ -273,7 +325,7 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
 
 
 def _check_ratio(ref: Reference, profile_modes: list[str], runs: dict[str, pd.DataFrame], tol: float,
-                 note: str) -> CheckResult:
+                 note: str, covs: dict[str, Coverage | None] | None = None) -> CheckResult:
     assert ref.metric and ref.num and ref.den and ref.op and ref.value is not None
     cid, pair = ref.check_id(), f"{ref.num}/{ref.den}"
     label = f"ratio({pair}) of {stat_label(ref.stat, ref.n, ref.threshold)}"
@@ -283,10 +335,17 @@ def _check_ratio(ref: Reference, profile_modes: list[str], runs: dict[str, pd.Da
         if m not in runs:
             return errored(ref, cid, pair, f"no run for mode {m} (runs given: {', '.join(runs) or 'none'})", label)
         if ref.metric not in runs[m].columns:
-            return errored(ref, cid, pair, missing_metric(runs[m], ref.metric, m), label)
+            return unevaluated(ref, cid, pair, missing_metric(runs[m], ref.metric, m), label)
+        cov = (covs or {}).get(m)
+        lacks = needs_note(cov, ref, ref.stat) if cov is not None else ""
+        if lacks:
+            return unevaluated(ref, cid, pair, f"{m} run: {lacks}", label)
     a = compute_stat(runs[ref.num], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
     b = compute_stat(runs[ref.den], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
-    if a.value is None or b.value is None or b.value == 0:
+    if a.value is None or b.value is None:
+        return unevaluated(ref, cid, pair, f"{ref.metric} {label}: no value ({ref.num} {_f(a.value)}, "
+                                           f"{ref.den} {_f(b.value)}) in the window", label)
+    if b.value == 0:
         return errored(ref, cid, pair, f"{ref.metric} {label}: undefined ({ref.num} {_f(a.value)}, "
                                       f"{ref.den} {_f(b.value)})", label)
     r = a.value / b.value
@@ -310,6 +369,12 @@ def skipped(ref: Reference, reason: str, scope: str, cid: str | None = None, run
     cid = cid or ref.check_id()
     return CheckResult(cid, "skip", ref.metric or "", stat_label(ref.stat, ref.n, ref.threshold), "", None,
                        ref.source, ref.why, [], f"{cid}: SKIP ({reason})", scope, run)
+
+
+def unevaluated(ref: Reference, cid: str, run: str, reason: str, label: str | None = None) -> CheckResult:
+    """A `not_evaluated` result: the log lacks what the check reads (metric, window, start or end)."""
+    return CheckResult(cid, "not_evaluated", ref.metric or "", label or stat_label(ref.stat, ref.n, ref.threshold),
+                       "", None, ref.source, ref.why, [], f"{cid}: NOT EVALUATED ({reason})", ref.scope, run)
 
 
 def errored(ref: Reference, cid: str, run: str, reason: str, label: str | None = None) -> CheckResult:

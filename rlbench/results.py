@@ -5,7 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-Verdict = Literal["pass", "fail", "skip", "error"]
+Verdict = Literal["pass", "fail", "skip", "error", "not_evaluated"]
+# Most severe first. `not_evaluated`: the reference applies here but the log lacks what it reads
+# (the metric, the steps of its window, the start or the end of the run); never a pass.
+VERDICT_ORDER: tuple[str, ...] = ("fail", "not_evaluated", "error", "pass", "skip")
+# Verdicts that make a check command exit non-zero.
+BAD_VERDICTS: tuple[str, ...] = ("fail", "error", "not_evaluated")
 
 
 @dataclass
@@ -30,6 +35,9 @@ class CheckResult:
     run: str = ""  # which run the check read: a mode ("colocated", "fully_async") or "" for the only run
     ref_value: float | None = None  # the reference value, for drawing on the metric's chart
     ref_band: tuple[float, float] | None = None  # accepted [low, high] interval, for drawing a band
+    # What part of the run the log covered when it is not the whole run, e.g. "log has steps
+    # 80-200 of the profile's 0-200 (starts late)"; "" when the log covers the run.
+    coverage: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

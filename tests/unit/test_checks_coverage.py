@@ -1,0 +1,120 @@
+"""Checks say what they saw: a metric, window, start or end the log lacks is `not_evaluated` (never a
+pass), partial logs are named in every result, and only verdicts more steps cannot change stand."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rlbench.checks import evaluate
+from rlbench.coverage import Coverage, with_coverage
+from rlbench.results import CheckResult
+from tests.unit.test_checks import toy_suite
+
+SRC = "000_af77aeb111e0721a.txt: s"
+
+
+def _run(first: int, last: int, **cols) -> pd.DataFrame:
+    steps = pd.Index(range(first, last + 1), name="step")
+    return pd.DataFrame({k: f(np.asarray(steps, dtype=float)) for k, f in cols.items()}, index=steps)
+
+
+def _one(refs: list[dict], run: pd.DataFrame, steps: int = 200) -> dict[str, CheckResult]:
+    s = toy_suite(refs, modes={"colocated": {"gpus": 8}}, steps=steps)
+    return {r.check_id: r for r in evaluate(s, "full", {"colocated": run}, arch="gfx950", device_name="MI350X")}
+
+
+RISING = {"critic/score/mean": lambda t: 0.2 + 0.003 * t}  # 0.2 at step 0, 0.44 at step 80, 0.8 at 200
+
+
+def test_first_checks_on_a_log_starting_at_step_80_are_not_evaluated() -> None:
+    refs = [{"id": "first", "metric": "critic/score/mean", "stat": "first", "op": ">=", "value": 0.4, "tol": 0.0},
+            {"id": "mfirst", "metric": "critic/score/mean", "stat": "mean_first", "n": 4, "op": "approx",
+             "value": 0.45, "tol": 0.05},
+            {"id": "final", "metric": "critic/score/mean", "stat": "final", "op": ">=", "value": 0.7}]
+    late = _one(refs, _run(80, 200, **RISING))
+    # step 80's value (0.44) would pass both against a step-0 reference: it must not
+    assert late["first"].verdict == "not_evaluated" and late["mfirst"].verdict == "not_evaluated"
+    assert "first needs the run's start; the log starts at step 80, after step 1" in late["first"].message
+    assert late["final"].verdict == "pass"  # the end of the run is in the log
+    assert all(r.coverage == "log has steps 80-200 of the profile's 0/1-200 (starts late)" for r in late.values())
+    full = _one(refs, _run(0, 200, **RISING))
+    assert full["first"].verdict == "fail" and full["mfirst"].verdict == "fail"  # 0.2 at step 0
+    assert all(r.coverage == "" for r in full.values())
+
+
+def test_a_log_that_ends_early_keeps_only_conclusive_verdicts() -> None:
+    refs = [{"id": "final", "metric": "critic/score/mean", "stat": "final", "op": ">=", "value": 0.3},
+            {"id": "peak_hit", "metric": "critic/score/mean", "stat": "peak", "op": ">=", "value": 0.4},
+            {"id": "peak_miss", "metric": "critic/score/mean", "stat": "peak", "op": ">=", "value": 0.7},
+            {"id": "max_over", "metric": "critic/score/mean", "stat": "max", "op": "<=", "value": 0.3},
+            {"id": "max_under", "metric": "critic/score/mean", "stat": "max", "op": "<=", "value": 0.9},
+            {"id": "band_out", "metric": "critic/score/mean", "op": "band", "lo": 0.0, "hi": 0.3},
+            {"id": "reach_hit", "metric": "critic/score/mean", "stat": "steps_to_reach", "threshold": 0.4,
+             "op": "<=", "value": 100},
+            {"id": "reach_miss", "metric": "critic/score/mean", "stat": "steps_to_reach", "threshold": 0.7,
+             "op": "<=", "value": 190}]
+    res = _one(refs, _run(0, 100, **RISING))  # 0.2 -> 0.5 by step 100 of 200
+    got = {k: r.verdict for k, r in res.items()}
+    assert got == {"final": "not_evaluated", "peak_hit": "pass", "peak_miss": "not_evaluated",
+                   "max_over": "fail", "max_under": "not_evaluated", "band_out": "fail",
+                   "reach_hit": "pass", "reach_miss": "not_evaluated"}
+    assert "final needs the run's end; the log ends at step 100, before step 200" in res["final"].message
+    assert res["final"].coverage == "log has steps 0-100 of the profile's 0/1-200 (ends early)"
+
+
+def test_window_missing_from_the_log_is_not_evaluated() -> None:
+    refs = [{"id": "late_window", "metric": "critic/score/mean", "stat": "median", "window": [150, 180],
+             "op": ">=", "value": 0.1}]
+    res = _one(refs, _run(0, 100, **RISING), steps=100)
+    assert res["late_window"].verdict == "not_evaluated"
+    assert "critic/score/mean has no value in steps 150-180 (logged at steps 0-100)" in res["late_window"].message
+    res = _one(refs, _run(0, 200, **RISING), steps=200)
+    assert res["late_window"].verdict == "pass"
+
+
+def test_missing_metric_is_not_evaluated_with_the_reward_hint() -> None:
+    refs = [{"id": "acc", "metric": "val-core/x/acc/mean@4", "stat": "peak", "op": ">=", "value": 0.5}]
+    run = _run(0, 10, **{"val-core/x/reward/mean@4": lambda t: 0.1 * t})
+    (r,) = _one(refs, run, steps=10).values()
+    assert r.verdict == "not_evaluated"
+    assert "it has val-core/x/reward/mean@4, the mean validation reward" in r.message
+    assert "pass --reward-is-accuracy" in r.message
+
+
+def test_ratio_with_one_partial_run_is_not_evaluated() -> None:
+    s = toy_suite([{"kind": "ratio", "metric": "timing_s/step", "stat": "median", "num": "colocated",
+                    "den": "fully_async", "op": ">=", "value": 1.5}], steps=100)
+    fast, slow = _run(1, 100, **{"timing_s/step": lambda t: 0 * t + 100.0}), _run(1, 40, **{"timing_s/step": lambda t: 0 * t + 50.0})
+    (r,) = evaluate(s, "full", {"colocated": fast, "fully_async": slow}, arch="gfx950", device_name="MI350X")
+    assert r.verdict == "not_evaluated" and "fully_async run: median needs the run's steps" in r.message
+    (r,) = evaluate(s, "full", {"colocated": fast, "fully_async": _run(1, 100, **{"timing_s/step": lambda t: 0 * t + 50.0})},
+                    arch="gfx950", device_name="MI350X")
+    assert r.verdict == "pass"
+
+
+def test_golden_start_statistics_on_a_late_log_are_not_evaluated() -> None:
+    golden = [CheckResult("golden:score.mean_first", "pass", "critic/score/mean", "mean_first[4]", "", 0.3, "g", "w",
+                          [80, 81, 82, 83], "golden:score.mean_first: PASS", "golden", "colocated"),
+              CheckResult("golden:score.mean_last", "pass", "critic/score/mean", "mean_last[4]", "", 0.8, "g", "w",
+                          [197, 198, 199, 200], "golden:score.mean_last: PASS", "golden", "colocated")]
+    covs = {"colocated": Coverage(80, 200, 200)}
+    first, last = with_coverage(golden, covs)
+    assert first.verdict == "not_evaluated" and "mean_first needs the run's start" in first.message
+    assert last.verdict == "pass" and last.coverage.endswith("(starts late)")
+    assert [r.verdict for r in with_coverage(golden, {"colocated": Coverage(0, 200, 200)})] == ["pass", "pass"]
+
+
+@pytest.mark.parametrize("first,last,note", [(1, 8, ""), (0, 8, ""), (2, 8, "starts late"), (0, 5, "ends early"),
+                                             (3, 5, "starts late and ends early")])
+def test_coverage_note(first: int, last: int, note: str) -> None:
+    text = Coverage(first, last, 8).note()
+    assert text.endswith(f"({note})") if note else text == ""
