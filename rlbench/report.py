@@ -89,15 +89,15 @@ class ReportSection:
 
 
 def overall_verdict(results: Iterable[CheckResult]) -> str:
-    """fail if any check failed, else error, else any other verdict (e.g. not evaluated), else pass, else skip."""
+    """fail if any check failed, else not_evaluated (or any verdict this module does not know), else
+    error, else pass, else skip; "none" without results."""
     verdicts = {r.verdict for r in results}
-    for v in _VERDICT_ORDER[:2]:
-        if v in verdicts:
-            return v
+    if "fail" in verdicts:
+        return "fail"
     other = sorted(verdicts - set(_VERDICT_ORDER))
     if other:
         return other[0]
-    for v in _VERDICT_ORDER[2:]:
+    for v in _VERDICT_ORDER[1:]:
         if v in verdicts:
             return v
     return "none"
@@ -142,6 +142,8 @@ def actual_text(r: CheckResult, runs: Mapping[str, pd.DataFrame]) -> str:
                 outside = f", {fmt(r.actual)} steps outside" if r.actual else ""
                 return f"min {fmt(float(s.min()))}, max {fmt(float(s.max()))}{outside}"
         return f"{fmt(r.actual)} steps outside"
+    if r.actual is None and r.verdict in ("fail", "error"):
+        return "never reached" if r.statistic.startswith("steps_to_reach") else "undefined"
     return fmt(r.actual)
 
 
@@ -228,8 +230,8 @@ th,td{border:1px solid #d0d7de;padding:4px 8px;text-align:left;vertical-align:to
 table.kv th{background:#f6f8fa;font-weight:600}
 table.grid tr:first-child th{background:#f6f8fa}
 table.verdicts{width:100%;table-layout:fixed}
-table.verdicts th.c-verdict{width:9em} table.verdicts th.c-check{width:30%} table.verdicts th.c-kind{width:8em}
-table.verdicts th.c-run{width:7em} table.verdicts th.c-actual{width:11em}
+table.verdicts th.c-verdict{width:7.5em} table.verdicts th.c-check{width:36%} table.verdicts th.c-kind{width:7.5em}
+table.verdicts th.c-run{width:6.5em} table.verdicts th.c-actual{width:9em}
 .badge{display:inline-block;padding:2px 8px;border-radius:10px;font-size:12px;font-weight:700;color:#fff}
 .v-pass{background:#1a7f37}.v-fail{background:#cf222e}.v-error{background:#bc4c00}
 .v-partial{background:#0969da}.v-not_evaluated{background:#8250df}
@@ -238,7 +240,7 @@ tr.row-pass td{background:#f0fff4} tr.row-fail td{background:#ffebe9}
 tr.row-error td{background:#fff1e5} tr.row-not_evaluated td{background:#fbefff}
 td.warn{background:#fff8c5} tr.ratio th,tr.ratio td{font-style:italic}
 .msg{font-size:12px;margin-top:4px;color:#57606a}.src{font-size:11px;margin-top:4px;color:#57606a}
-.note{color:#57606a}
+.note{color:#57606a} .msg.warn{color:#9a6700}
 .headline{border:1px solid #d0d7de;border-radius:6px;padding:8px 16px;background:#f6f8fa;margin:8px 0 16px}
 .headline ul{margin:4px 0;padding-left:20px} .headline li{margin:2px 0}
 .verdict-line{margin:4px 0;font-size:16px}

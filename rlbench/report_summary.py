@@ -37,7 +37,7 @@ KINDS = ("published", "golden", "sanity")
 KIND_LABEL = {"published": "published reference", "golden": "golden value", "sanity": "sanity check"}
 _SKIP_RE = re.compile(r":\s*(?:SKIP|NOT[ _]EVALUATED)\s*\((.*)\)\s*$", re.IGNORECASE | re.DOTALL)
 _OTHER_PROFILE_RE = re.compile(r"^applies to profile ")
-_RANK = {"fail": 0, "error": 1, "pass": 3}  # anything unknown (not evaluated) ranks 2
+_RANK = {"fail": 0, "error": 2, "pass": 3}  # anything else (not evaluated) ranks 1, as in rlbench.results
 
 
 def _e(value: Any) -> str:
@@ -112,13 +112,13 @@ class Tally:
         return self.count(status="not evaluated")
 
     def verdict(self) -> str:
-        """fail > error > not_evaluated > pass (published compared) > partial (project checks only) > skip."""
+        """fail > not_evaluated > error > pass (published compared) > partial (project checks only) > skip."""
         if self.count(status="fail"):
             return "fail"
-        if self.count(status="error"):
-            return "error"
         if self.not_evaluated:
             return "not_evaluated"
+        if self.count(status="error"):
+            return "error"
         if self.count(status="pass"):
             return "pass" if self.count("published", "pass") else "partial"
         return "skip" if self.results else "none"
@@ -193,7 +193,12 @@ def headline_html(tally: Tally, *, profile: str | None = None, unrun: list[tuple
     other_project = [r for r in tally.other_profiles if kind_of(r) != "published"]
     if other_project:
         lines.append(f'<li class="note">{len(other_project)} golden/sanity checks apply only to profile '
-                     f"{_e(_profiles_of(other_project))} (not run for this profile).</li>")
+                     f"{_e(_profiles_of(other_project))} (not checked on this one).</li>")
+    partial = [r for r in tally.results if getattr(r, "coverage", "") and not other_profile(r)]
+    if partial:
+        notes = sorted({r.coverage for r in partial})
+        lines.append(f'<li class="h-partial">{len(partial)} checks read a partial log: {_e("; ".join(notes[:3]))}'
+                     f"{' ...' if len(notes) > 3 else ''}.</li>")
     for title, reason, n in unrun or []:
         lines.append(f'<li class="h-unrun">{n} checks of {_e(title)} could not run here: {_e(reason)}.</li>')
     if items:
@@ -226,6 +231,8 @@ def verdict_rows_html(results: list[CheckResult], actual: Callable[[CheckResult]
         rows = []
         for r in shown:
             msg = f'<div class="msg">{_e(r.message)}</div>' if r.message and r.verdict != "pass" else ""
+            cov = getattr(r, "coverage", "")
+            msg += f'<div class="msg warn">{_e(cov)}</div>' if cov else ""
             detail = f'<div class="src">{_e(r.source)}<br><i>{_e(r.why)}</i></div>' if (r.source or r.why) else ""
             rows.append(
                 f'<tr class="row-{_e(status_of(r).replace(" ", "_"))}"><td class="c-verdict">{badge(r.verdict)}</td>'

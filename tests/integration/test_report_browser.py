@@ -1,14 +1,19 @@
-"""Open a rendered report in headless Chromium: no console errors, every plotly chart drawn, offline.
+"""Open rendered reports in headless Chromium: no console errors, every plotly chart drawn, offline;
+and what a reader sees at 1280x800 on a report with passes, failures and skips: the headline states
+how many published references were compared, the verdict column is on screen without horizontal
+scrolling, failures come before skips, the validation-accuracy chart is drawn.
 
-Needs Debian's chromium (`apt-get install -y chromium`) and playwright-python
-(`pip install playwright`; its own browser download is not needed). Skipped when either is
-missing. The screenshot is left at <tmp>/report.png.
+Needs Debian's chromium (`apt-get install -y chromium`; `.ci/run` installs it) and
+playwright-python (`pip install playwright`; its own browser download is not needed). Skipped
+when either is missing. Screenshots are left in <tmp>; with RLBENCH_SCREENSHOT=PATH the reader's
+view (full page) is also written to PATH (reports/report_screenshot.png was made so).
 
     OMP_NUM_THREADS=1 python3 -m pytest tests/integration/test_report_browser.py -m integration -q
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -16,8 +21,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlbench.report import render_report
+from rlbench.report import ReportSection, UnrunProfile, render_report, render_session_report
+from rlbench.report_summary import Tally
 from rlbench.results import CheckResult
+
+ROOT = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.integration
 
@@ -48,10 +56,14 @@ def _runs(num_steps: int) -> dict[str, pd.DataFrame]:
     return runs
 
 
-def test_report_draws_charts_without_console_errors(tmp_path: Path) -> None:
+def _browser() -> object:
     if CHROMIUM is None:
         pytest.skip("no chromium: install Debian's chromium (apt-get install -y chromium) to run this test")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright-python missing: pip install playwright")
+    return pytest.importorskip("playwright.sync_api", reason="playwright-python missing: pip install playwright")
+
+
+def test_report_draws_charts_without_console_errors(tmp_path: Path) -> None:
+    sync_api = _browser()
     results = [
         CheckResult(check_id="gsm8k:peak>=0.93", verdict="pass", metric="val-core/openai/gsm8k/acc/mean@1",
                     statistic="peak", expected=">= 0.93 (tol 0.03)", actual=0.956, source="000_af77aeb111e0721a.txt",
@@ -91,3 +103,74 @@ def test_report_draws_charts_without_console_errors(tmp_path: Path) -> None:
     assert num_scripts == 3  # plotly.js, the template, the chart calls: the escaped check id added none
     assert all(not u.startswith(("http://", "https://")) for u in requests), requests
     assert (tmp_path / "report.png").stat().st_size > 10_000
+
+
+def _reader_report(tmp_path: Path) -> tuple[Path, Tally]:
+    """A session report with passes, failures and skips: the Qwen3-8B suite's full profile on a log
+    whose GSM8K plateaus at 0.90 (3 published references fail), a device-scoped throughput
+    reference skipped, the mini/cpu checks of the suite (other profiles), and a profile that could
+    not run here."""
+    from rlbench.checks import evaluate, skipped
+    from rlbench.ingest import load_metrics
+    from rlbench.suite import Reference, load_suite
+    from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
+
+    suite = load_suite(ROOT / "suites" / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
+    runs = {"colocated": load_metrics(write_qwen3_8b_grpo_log(tmp_path / "log.jsonl", gsm8k_peak=0.90)).frame}
+    results = evaluate(suite, "full", runs, arch="gfx950", device_name="AMD Instinct MI355X")
+    ref = Reference(metric="perf/throughput", stat="median", op="approx", value=1200.0, tol=0.15, rel_tol=True,
+                    scope="device", device="MI300X", source="002_45dc056033c88adc.txt: rollout throughput",
+                    why="measured on one board")
+    results.append(skipped(ref, "device-scoped to MI300X; this run is on AMD Instinct MI355X", "device"))
+    section = ReportSection(title=f"{suite.title} [full]", runs=runs, results=results,
+                            env={"arch": "gfx950", "device_name": "AMD Instinct MI355X", "num_gpus": 8},
+                            suite_meta={"suite": suite.id, "profile": "full", "steps": 200})
+    out = render_session_report(
+        tmp_path / "session.html", [section], title="rlbench suites on gfx950",
+        unrun=[UnrunProfile("verl DAPO Qwen2.5-Math-7B fully-async [full]", "needs 32 GPUs of arch gfx942", 18)])
+    return out, Tally.of(results)
+
+
+def test_reader_view_at_1280(tmp_path: Path) -> None:
+    sync_api = _browser()
+    out, tally = _reader_report(tmp_path)
+    assert tally.count("published", "fail") >= 1 and tally.count("published", "pass") >= 1
+    assert tally.count(status="skip") >= 1
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(out.as_uri())
+        page.wait_for_function("document.querySelectorAll('.rlbench-chart .main-svg').length > 0")
+        headline = page.locator(".headline").first.inner_text()
+        scroll_width = page.evaluate("document.documentElement.scrollWidth")
+        inner_width = page.evaluate("window.innerWidth")
+        # Right edge of every verdict cell of the section's verdict table, in page coordinates.
+        verdict_right = page.evaluate(
+            "Math.max(...Array.from(document.querySelectorAll('section table.verdicts td.c-verdict, "
+            "section table.verdicts th.c-verdict')).map(e => e.getBoundingClientRect().right))")
+        first_fail = page.evaluate("document.querySelector('section tr.row-fail').getBoundingClientRect().top")
+        last_pass = page.evaluate(
+            "Math.max(...Array.from(document.querySelectorAll('section tr.row-pass')).map(e => e.getBoundingClientRect().top))")
+        first_skip = page.evaluate("document.querySelector('section details.fold').getBoundingClientRect().top")
+        val_drawn = page.evaluate(
+            "(() => { const h = Array.from(document.querySelectorAll('section h3'))"
+            ".find(e => e.textContent === 'Validation accuracy');"
+            " let n = h.nextElementSibling, k = 0;"
+            " while (n && n.tagName !== 'H3') { if (n.matches('div.rlbench-chart') && n.querySelector('.main-svg')) k++;"
+            " n = n.nextElementSibling; } return k; })()")
+        page.screenshot(path=str(tmp_path / "reader.png"), full_page=True)
+        shot = os.environ.get("RLBENCH_SCREENSHOT")
+        if shot:
+            page.screenshot(path=shot, full_page=True)
+        browser.close()
+    assert errors == []
+    n_pub = tally.published_evaluated
+    assert f"{n_pub} of {tally.published_total} published references (read off the articles) were compared" in headline
+    assert "18 checks of verl DAPO Qwen2.5-Math-7B fully-async [full] could not run here" in headline
+    assert scroll_width <= inner_width == 1280  # no horizontal scrolling
+    assert 0 < verdict_right <= inner_width  # the verdict column is on screen
+    assert first_fail < last_pass < first_skip  # failures, then passes, then the folded skips
+    assert val_drawn == 2  # GSM8K and MATH validation accuracy, drawn
+    assert (tmp_path / "reader.png").stat().st_size > 10_000

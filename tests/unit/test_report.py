@@ -24,7 +24,7 @@ from rlbench.report import (
     runs_table,
     throughput_table,
 )
-from rlbench.report_charts import PHASE_COLOURS
+from rlbench.report_charts import PHASE_COLOURS, validation_metrics
 from rlbench.report_summary import Tally, counts_text
 from rlbench.results import CheckResult
 
@@ -188,7 +188,7 @@ def test_report_without_timings_says_so(tmp_path: Path) -> None:
     ("verdicts", "expected"),
     [(["pass", "skip"], "pass"), (["pass", "error"], "error"), (["error", "fail"], "fail"),
      (["skip"], "skip"), ([], "none"), (["pass", "not_evaluated"], "not_evaluated"),
-     (["not_evaluated", "fail"], "fail")],
+     (["not_evaluated", "fail"], "fail"), (["not_evaluated", "error"], "not_evaluated")],
 )
 def test_overall_verdict(verdicts: list[str], expected: str) -> None:
     assert overall_verdict([_result(v) for v in verdicts]) == expected
@@ -234,15 +234,20 @@ def test_headline_counts_published_references_and_other_profiles(tmp_path: Path)
     assert "<b>10</b> of 10 published references (read off the articles) were compared on profile full: " \
            "7 pass, 3 fail." in text
     # The mini/cpu sanity and golden checks are not this profile's: counted apart, folded, never rows.
-    assert len(tally.other_profiles) == 4
-    assert "4 golden/sanity checks apply only to profile mini/cpu" in text
+    from rlbench.suite import load_suite
+
+    suite = load_suite(ROOT / "suites" / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
+    n_other = sum("full" not in ref.profiles for ref in suite.references)
+    assert len(tally.other_profiles) == n_other > 0
+    assert f"{n_other} golden/sanity checks apply only to profile mini/cpu" in text
     assert "not applicable to this profile: applies to profile mini/cpu (this run: full)" in text
     rows = _verdict_rows(text)
     assert rows == ["fail"] * 3 + ["pass"] * 8  # failures first, no skip row
-    assert text.index("row-fail") < text.index("row-pass") < text.index('class="fold fold-other"')
+    assert text.index('<tr class="row-fail"') < text.index('<tr class="row-pass"') < text.index('<details class="fold fold-other"')
     # Validation accuracy: both published curves drawn, with the checks on them above each.
     val = text.split("<h3>Validation accuracy</h3>")[1].split("<h3>Checked metrics</h3>")[0]
-    assert val.count('class="rlbench-chart"') == 2 and "val-core/openai/gsm8k/acc/mean@1" in val
+    assert val.count('class="rlbench-chart"') == 2
+    assert validation_metrics(runs) == ["val-core/lighteval/MATH/acc/mean@1", "val-core/openai/gsm8k/acc/mean@1"]
 
 
 def test_project_checks_only_is_not_a_green_pass(tmp_path: Path) -> None:
@@ -281,6 +286,16 @@ def test_not_evaluated_status_is_grouped_with_reason_and_never_a_pass(tmp_path: 
     assert '1 not evaluated: metric val-core/x/acc/mean@1 not in the log</summary>' in text
     assert _verdict_rows(text) == ["pass"]  # the not-evaluated check is no pass row
     assert "1 pass, 1 not evaluated" in counts_text(results)
+
+
+def test_partial_log_coverage_is_stated(tmp_path: Path) -> None:
+    r = _result("pass")
+    if not hasattr(r, "coverage"):
+        pytest.skip("rlbench.results.CheckResult has no coverage field")
+    r.coverage = "log has steps 80-200 of the profile's 0-200 (starts late)"
+    text = render_report(tmp_path / "r.html", title="t", runs=RUNS, results=[r], env={}).read_text()
+    assert "1 checks read a partial log: log has steps 80-200 of the profile&#x27;s 0-200 (starts late)." in text
+    assert '<div class="msg warn">log has steps 80-200' in text
 
 
 def test_band_check_actual_is_the_range_seen(tmp_path: Path) -> None:
