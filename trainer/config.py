@@ -189,9 +189,18 @@ class AgentConfig(_Section):
         "generate multi-turn tool-use trajectories (ReTool): tool outputs are appended to the response and "
         "masked out of the loss"))
     max_turns: int = Field(4, ge=1, description="assistant segments per response (tool calls + the final answer)")
-    tool: Literal["python"] = Field("python", description="the tool: 'python' runs execute_python_code in a subprocess")
+    tool: Literal["python"] = Field("python", description=(
+        "the tool: 'python' runs execute_python_code in the sandbox (trainer/agent/sandbox.py)"))
     tool_timeout_s: float = Field(5.0, gt=0, description="wall-clock (and CPU-seconds) limit of one tool run")
-    tool_memory_mb: int = Field(512, ge=64, description="address-space limit of one tool run")
+    tool_memory_mb: int = Field(512, ge=64, description=(
+        "memory of one tool run: address space per process, and in total over its processes where a cgroup is writable"))
+    tool_max_procs: int = Field(32, ge=1, description="processes one tool run may have at once (RLIMIT_NPROC, pids cgroup)")
+    tool_disk_mb: int = Field(16, ge=1, description="total size of the files one tool run may write in its folder")
+    sandbox_user: str = Field("rlbench-sandbox", description=(
+        "unprivileged user tool code runs as when the trainer runs as root (created if missing; else nobody)"))
+    sandbox_allow_unisolated: bool = Field(False, description=(
+        "start multi-turn training even when the sandbox's self-test finds no isolating layer "
+        "(uid, landlock or seccomp) on this machine; tool code then runs with the trainer's rights"))
     max_observation_tokens: int = Field(64, gt=0, description="tool output tokens kept per call (the rest is cut)")
     max_parallel_tools: int = Field(2, ge=1, description="tool runs in flight at once across a batch")
     system_prompt: str | None = Field(None, description=(
