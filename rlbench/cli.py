@@ -13,23 +13,33 @@
 reads verl (JSONL or console), Miles or rlbench logs (rlbench/ingest.py), `golden` records
 per-arch references over seeds (rlbench/golden.py). Each prints one line per check.
 
-Exit status: 0 every check passed (or was skipped), 1 a check failed or could not be computed,
-2 bad input (one line `error: ...` on stderr, no traceback).
+`check` guesses the profile from the log's shape when `--profile` is not given (steps, sequences
+per step, response cap: rlbench/profile_guess.py) and says what it guessed; with `--profile` it
+warns when the log plainly does not have that profile's shape. `--arch` must be a known arch;
+for the cpu profile on a CPU-only machine it defaults to cpu (and says so).
+
+Exit status: 0 at least one check was evaluated and every evaluated check passed (the rest
+skipped), 1 a check failed, could not be computed, or was not evaluated (the log lacks its
+metric or steps), or no check at all was evaluated (the reasons are printed), 2 bad input (one
+line `error: ...` on stderr, no traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
-from rlbench.results import CheckResult
+from rlbench.results import BAD_VERDICTS, CheckResult
 from rlbench.suite import MODE_NAMES, PROFILE_NAMES, Suite, discover_suites, profile_unmet_requirements
 from trainer.errors import ConfigError, RLBenchError
 
-_MARK = {"pass": "PASS ", "fail": "FAIL ", "skip": "skip ", "error": "ERROR"}
+_MARK = {"pass": "PASS ", "fail": "FAIL ", "skip": "skip ", "error": "ERROR", "not_evaluated": "N/E  "}
+_COUNTED = ("pass", "fail", "error", "not_evaluated", "skip")
+_REASON = re.compile(r": (?:SKIP|NOT EVALUATED|ERROR) \((.*)\)$")
 
 
 # ---------------------------------------------------------------------------- output
@@ -43,13 +53,30 @@ def verdict_lines(results: list[CheckResult], seeds: list[int] | None = None) ->
 
 
 def summary_line(results: list[CheckResult], where: Path | None) -> str:
-    counts = {v: sum(r.verdict == v for r in results) for v in ("pass", "fail", "error", "skip")}
-    text = ", ".join(f"{n} {v}" for v, n in counts.items() if n)
+    counts = {v: sum(r.verdict == v for r in results) for v in _COUNTED}
+    text = ", ".join(f"{n} {v.replace('_', ' ')}" for v, n in counts.items() if n)
     return f"{text or 'no checks'}" + (f"; report: {where}" if where else "")
 
 
+def evaluated(results: list[CheckResult]) -> list[CheckResult]:
+    """The results whose check was compared against a number (pass or fail)."""
+    return [r for r in results if r.verdict in ("pass", "fail")]
+
+
 def exit_code(results: list[CheckResult]) -> int:
-    return 1 if any(r.verdict in ("fail", "error") for r in results) else 0
+    """1 when a check failed, errored or was not evaluated, or when no check was evaluated at all."""
+    return 1 if any(r.verdict in BAD_VERDICTS for r in results) or not evaluated(results) else 0
+
+
+def nothing_evaluated_reason(results: list[CheckResult]) -> str:
+    """Why no check was evaluated: the most common reasons, counted."""
+    reasons: dict[str, int] = {}
+    for r in results:
+        m = _REASON.search(r.message)
+        why = m.group(1) if m else r.verdict
+        reasons[why] = reasons.get(why, 0) + 1
+    top = sorted(reasons.items(), key=lambda kv: -kv[1])[:3]
+    return "; ".join(f"{n} x {why}" for why, n in top) or "the suite has no reference for this profile"
 
 
 def _print_outcome(outcome: Any) -> int:
@@ -59,10 +86,40 @@ def _print_outcome(outcome: Any) -> int:
     other = len(outcome.results) - len(results)
     note = f" ({other} references of other profiles not shown)" if other else ""
     print(summary_line(results, outcome.report) + note)
+    if not evaluated(outcome.results):
+        print(f"error: no check was evaluated ({nothing_evaluated_reason(results or outcome.results)}); "
+              "a validation that compared nothing does not pass", file=sys.stderr)
     return exit_code(outcome.results)
 
 
 # ---------------------------------------------------------------------------- helpers
+def known_arches(suite: Suite | None = None, detected: str | None = None) -> list[str]:
+    """Arches `--arch` accepts: cpu, the device table's, the suites' and this machine's."""
+    from rlbench.runner import ARCH_DEVICES
+    from trainer.platform import KNOWN_DEVICES
+
+    out = {"cpu", *ARCH_DEVICES, *(d.arch for d in KNOWN_DEVICES.values())}
+    if suite is not None:
+        out.add(suite.published_on.arch)
+        out.update(a for ref in suite.references for a in (ref.arch or []) if a != "any")
+    if detected:
+        out.add(detected)
+    return sorted(out)
+
+
+def validate_arch(arch: str, suite: Suite | None = None, detected: str | None = None) -> None:
+    known = known_arches(suite, detected)
+    if arch not in known:
+        raise ConfigError(f"--arch {arch}: not a known arch; choose one of {', '.join(known)} "
+                          "(the part of the GPU's arch name before ':', e.g. gfx942 or sm_90)")
+
+
+def _detected_arch() -> str:
+    from trainer.platform import detect_arch
+
+    return detect_arch()
+
+
 def _env(arch: str | None) -> tuple[dict[str, Any], str]:
     """The machine record and the arch to use (`--arch`, checked against the detected one)."""
     from rlbench.runner import arch_mismatch
@@ -70,11 +127,22 @@ def _env(arch: str | None) -> tuple[dict[str, Any], str]:
 
     env = collect_env()
     detected = str(env.get("arch") or "cpu")
+    if arch is not None:
+        validate_arch(arch, detected=detected)
     arch = arch or detected
     msg = arch_mismatch(arch, detected, env.get("device_name"))
     if msg:
         raise ConfigError(msg)
     return env, arch
+
+
+def _run_item(item: str) -> tuple[str, str]:
+    """`--run MODE=PATH` as (mode, path)."""
+    name, sep, path = item.partition("=")
+    if not sep or name not in MODE_NAMES or not path:
+        raise ConfigError(f"--run {item!r}: expected MODE=PATH with MODE one of {', '.join(MODE_NAMES)} "
+                          "(e.g. --run fully_async=async/metrics.jsonl)")
+    return name, path
 
 
 def _mode_logs(suite: Suite, profile: str, logs: list[str], mode: list[str] | None,
@@ -83,10 +151,7 @@ def _mode_logs(suite: Suite, profile: str, logs: list[str], mode: list[str] | No
     prof_modes = suite.profile(profile).modes
     out: dict[str, Path] = {}
     for item in run or []:
-        name, sep, path = item.partition("=")
-        if not sep or name not in MODE_NAMES or not path:
-            raise ConfigError(f"--run {item!r}: expected MODE=PATH with MODE one of {', '.join(MODE_NAMES)} "
-                              "(e.g. --run fully_async=async/metrics.jsonl)")
+        name, path = _run_item(item)
         out[name] = Path(path)
     if logs and run:
         raise ConfigError("give the logs either as LOG arguments or as --run MODE=PATH, not both "
@@ -99,7 +164,13 @@ def _mode_logs(suite: Suite, profile: str, logs: list[str], mode: list[str] | No
         for m in modes:
             if m not in MODE_NAMES:
                 raise ConfigError(f"--mode {m}: choose one of {', '.join(MODE_NAMES)}")
+        if len(set(modes)) != len(modes):
+            raise ConfigError(f"--mode {' --mode '.join(modes)}: each mode once, one per LOG")
         out = dict(zip(modes, map(Path, logs)))
+    for m in out:
+        if m not in prof_modes:
+            raise ConfigError(f"--mode {m}: profile {profile} of {suite.id} runs {', '.join(prof_modes)} only, so "
+                              f"no check reads a {m} log; give the log's real mode, or another --profile")
     if not out:
         raise ConfigError("no logs given: pass LOG (a verl/Miles/rlbench metrics log) or --run MODE=PATH")
     return out
@@ -116,30 +187,105 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _print_outcome(outcome)
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
+def _check_arch(args: argparse.Namespace, suite: Suite, profile: str) -> str:
+    """The arch to check as: `--arch` (validated), the published arch for full, cpu on a CPU machine."""
+    if args.arch is not None:
+        validate_arch(args.arch, suite)
+        return args.arch
+    if profile == "full":
+        _note(f"--arch not given; checking as the published arch {suite.published_on.arch}")
+        return suite.published_on.arch
+    if profile == "cpu" and _detected_arch() == "cpu":
+        _note("--arch not given; profile cpu on this CPU-only machine: checking as arch cpu")
+        return "cpu"
+    raise ConfigError(f"--arch: say which arch the {profile} run ran on (e.g. --arch cpu or gfx942)")
+
+
+def _read_logs(args: argparse.Namespace) -> dict[str, Any]:
+    """Every log named on the command line, read once: path -> MetricLog."""
     from rlbench.ingest import load_metrics
+
+    paths = list(args.logs) + [item.partition("=")[2] for item in args.run or [] if "=" in item]
+    logs = {}
+    for p in dict.fromkeys(paths):
+        if p:
+            logs[p] = load_metrics(p, fmt=args.format, reward_is_accuracy=args.reward_is_accuracy)
+    return logs
+
+
+def _check_profile(args: argparse.Namespace, suite: Suite, logs: dict[str, Any]) -> str:
+    """`--profile`, or the one the logs' shape matches (said on stderr); warns on a plain mismatch."""
+    from rlbench.profile_guess import guess_profile, shape_mismatch
+
+    if args.profile is not None:
+        for p, log in logs.items():
+            warning = shape_mismatch(suite, args.profile, log.frame)
+            if warning:
+                print(f"warning: {p}: {warning}", file=sys.stderr)
+        return args.profile
+    guesses = {p: guess_profile(suite, log.frame) for p, log in logs.items()}
+    found = {g for g, _ in guesses.values()}
+    if len(found) == 1 and None not in found:
+        profile = found.pop()
+        seen = "; ".join(why for _, why in guesses.values())
+        _note(f"--profile not given; the log's shape ({seen}) matches profile {profile} of {suite.id}: "
+              f"checking as {profile} (pass --profile to choose)")
+        return profile
+    why = "; ".join(why for _, why in guesses.values()) or "no log"
+    _note(f"--profile not given and {why}: checking as full, the published run (pass --profile to choose)")
+    for p, log in logs.items():
+        warning = shape_mismatch(suite, "full", log.frame)
+        if warning:
+            print(f"warning: {p}: {warning}", file=sys.stderr)
+    return "full"
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from rlbench.coverage import Coverage
     from rlbench.runner import evaluate_runs, find_suite
 
     suite = find_suite(args.suite)
-    if args.arch is None:
-        if args.profile != "full":
-            raise ConfigError(f"--arch: say which arch the {args.profile} run ran on (e.g. --arch cpu or gfx942)")
-        args.arch = suite.published_on.arch
-        print(f"note: --arch not given; checking as the published arch {args.arch}", file=sys.stderr)
-    paths = _mode_logs(suite, args.profile, args.logs, args.mode, args.run)
+    if args.arch is not None:
+        validate_arch(args.arch, suite)
+    if args.profile is not None:
+        args.arch = _check_arch(args, suite, args.profile)
+        _mode_logs(suite, args.profile, args.logs, args.mode, args.run)  # bad --run/--mode before any reading
+    elif not args.logs and not args.run:
+        raise ConfigError("no logs given: pass LOG (a verl/Miles/rlbench metrics log) or --run MODE=PATH")
+    for item in args.run or []:
+        _run_item(item)
+    logs = _read_logs(args) if not (args.logs and args.run) else {}
+    profile = _check_profile(args, suite, logs)
+    if args.profile is None:
+        args.arch = _check_arch(args, suite, profile)
+    paths = _mode_logs(suite, profile, args.logs, args.mode, args.run)
     runs = {}
+    steps = suite.profile(profile).steps
     for mode, path in paths.items():
-        log = load_metrics(path, fmt=args.format)
+        log = logs[str(path)] if str(path) in logs else logs[next(p for p in logs if Path(p) == path)]
         for w in log.warnings:
-            print(f"warning: {w}", file=sys.stderr)
-        print(f"{mode}: {path} ({log.source_format}, {len(log.frame)} steps, {len(log.frame.columns)} metrics)",
-              file=sys.stderr)
+            print(f"warning: {path}: {w}", file=sys.stderr)
+        for n in log.notes:
+            _note(f"{path}: {n}")
+        span = f"steps {log.first_step}-{log.last_step}"
+        print(f"{mode}: {path} ({log.source_format}, {len(log.frame)} steps: {span}, {len(log.frame.columns)} "
+              "metrics)", file=sys.stderr)
+        cov = Coverage.of(log.frame, steps)
+        if cov is not None and cov.note():
+            print(f"warning: {path}: {cov.note()}: the checks that read the missing steps are not evaluated",
+                  file=sys.stderr)
         runs[mode] = log.frame
-    out = Path(args.out) if args.out else Path("runs") / "check" / suite.id / args.profile
+    out = Path(args.out) if args.out else Path("runs") / "check" / suite.id / profile
     env = {"arch": args.arch, "device_name": args.device or "", "logs": {m: str(p) for m, p in paths.items()}}
-    prov = {"suite_file": str(suite.path), "profile": args.profile, "logs": env["logs"],
+    coverage = {m: (Coverage.of(f, steps).note() if Coverage.of(f, steps) else "") for m, f in runs.items()}
+    prov = {"suite_file": str(suite.path), "profile": profile, "logs": env["logs"],
+            "log_coverage": {m: c or "the whole run" for m, c in coverage.items()},
             "command": " ".join(sys.argv)}
-    outcome = evaluate_runs(suite, args.profile, {0: runs}, arch=args.arch, device_name=args.device or "",
+    outcome = evaluate_runs(suite, profile, {0: runs}, arch=args.arch, device_name=args.device or "",
                             folder=out, env=env, provenance=prov, report=args.report, ran_modes=list(runs),
                             status=lambda line: print(f"[rlbench] {line}", file=sys.stderr))
     return _print_outcome(outcome)
@@ -222,12 +368,16 @@ def build_parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="check logs of a run made elsewhere (verl, Miles, rlbench)")
     c.add_argument("logs", nargs="*", metavar="LOG", help="metrics log(s); see --mode / --run")
     c.add_argument("--suite", required=True, help="suite file or id")
-    c.add_argument("--profile", choices=PROFILE_NAMES, default="full", help="profile the logs ran (default full)")
-    c.add_argument("--arch", help="arch the run ran on (default for full: the published arch)")
+    c.add_argument("--profile", choices=PROFILE_NAMES,
+                   help="profile the logs ran (default: guessed from the log's shape, else full)")
+    c.add_argument("--arch", help="arch the run ran on (default for full: the published arch; for cpu on a "
+                                  "CPU-only machine: cpu)")
     c.add_argument("--device", help="board the run ran on, e.g. MI300X (device-scoped checks need it)")
     c.add_argument("--mode", action="append", choices=MODE_NAMES, help="mode of each LOG, in order")
     c.add_argument("--run", action="append", metavar="MODE=PATH", help="a log and its mode (repeatable)")
     c.add_argument("--format", default="auto", help="log format (default: detected)")
+    c.add_argument("--reward-is-accuracy", action="store_true",
+                   help="rewards are 0/1 per sample: read val-core/<ds>/reward/mean@N as the accuracy too")
     c.add_argument("--out", help="folder for checks.json and report.html (default runs/check/<suite>/<profile>)")
     c.add_argument("--report", help="report path (default: OUT/report.html)")
     c.set_defaults(func=cmd_check)

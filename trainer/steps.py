@@ -103,7 +103,7 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
     if engine is not None and cfg.agent.enable:  # multi-turn tool use around the configured engine
         from trainer.agent.loop import AgentRolloutEngine
 
-        engine = AgentRolloutEngine(engine, tokenizer, cfg.agent)
+        engine = AgentRolloutEngine(engine, tokenizer, cfg.agent, out_dir=cfg.trainer.out_dir)
     return Components(cfg, tokenizer, actor, engine, ref, critic, train, val, device, eos)
 
 
@@ -128,8 +128,8 @@ def generate(engine: RolloutEngine, items: list[dict[str, Any]], params: Samplin
     batch.meta = {k: [items[g][k] for g in rollout.group_index] for k in ("data_source", "ground_truth", "extra_info")}
     batch.meta["finish_reason"] = rollout.finish_reasons
     if rollout.turn_stats:
-        for key in ("num_turns", "tool_calls", "tool_errors"):
-            batch.meta[key] = [st[key] for st in rollout.turn_stats]
+        for key in ("num_turns", "tool_calls", "tool_errors", "tool_s", "tool_wall_s"):
+            batch.meta[key] = [st.get(key, 0) for st in rollout.turn_stats]
         batch.meta["extra_info"] = [{**(extra or {}), "num_turns": st["num_turns"]}
                                     for extra, st in zip(batch.meta["extra_info"], rollout.turn_stats)]
     return batch
@@ -211,7 +211,9 @@ def _groups_in_order(group_index: torch.Tensor) -> torch.Tensor:
 
 
 def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
-    """`num_turns/mean|max|min`, `agent/tool_calls/mean`, `agent/tool_errors/mean` of a multi-turn batch ({} otherwise)."""
+    """`num_turns/mean|max|min`, `agent/tool_calls/mean`, `agent/tool_errors/mean`, `agent/tool_errors/total`,
+    `agent/tool_seconds/mean` and `timing_s/tool` (generation's wall time waiting for tools) of a
+    multi-turn batch ({} otherwise)."""
     if "num_turns" not in batch.meta:
         return {}
     turns = torch.tensor(batch.meta["num_turns"], dtype=torch.float32)  # [N]
@@ -219,7 +221,9 @@ def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
     errors = torch.tensor(batch.meta["tool_errors"], dtype=torch.float32)  # [N]
     return {f"{prefix}num_turns/mean": float(turns.mean()), f"{prefix}num_turns/max": float(turns.max()),
             f"{prefix}num_turns/min": float(turns.min()), f"{prefix}agent/tool_calls/mean": float(calls.mean()),
-            f"{prefix}agent/tool_errors/mean": float(errors.mean())}
+            f"{prefix}agent/tool_errors/mean": float(errors.mean()), f"{prefix}agent/tool_errors/total": float(errors.sum()),
+            f"{prefix}agent/tool_seconds/mean": float(sum(batch.meta.get("tool_s", [0.0])) / max(1, float(calls.sum()))),
+            f"{prefix}timing_s/tool": float(sum(batch.meta.get("tool_wall_s", [0.0])))}
 
 
 @torch.no_grad()

@@ -56,7 +56,8 @@ def test_check_fails_when_gsm8k_peaks_at_090(tmp_path: Path, capsys: pytest.Capt
     fails = [ln for ln in lines if ln.startswith("FAIL")]
     assert len(fails) == 3 and all("gsm8k" in ln for ln in fails)  # peak, steps_to_reach, mean_last
     assert lines[-1].startswith("8 pass, 3 fail; report:")
-    assert lines[-1].endswith("(4 references of other profiles not shown)")  # the mini/cpu ones
+    other = sum("full" not in r.profiles for r in load_suite(ROOT / "suites" / f"{SUITE}.yaml").references)
+    assert lines[-1].endswith(f"({other} references of other profiles not shown)")  # the mini/cpu ones
 
 
 def test_check_tolerates_truncated_last_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -77,7 +78,7 @@ def test_check_report_path_option(tmp_path: Path) -> None:
     (["check", "missing.jsonl", "--suite", SUITE, "--arch", "gfx950"], "missing.jsonl: metrics log not found"),
     (["check", "--suite", SUITE, "--arch", "gfx950", "--run", "colocated"], "expected MODE=PATH"),
     (["check", "--suite", SUITE, "--arch", "gfx950"], "no logs given"),
-    (["check", "a.jsonl", "--suite", SUITE, "--profile", "cpu"], "--arch: say which arch"),
+    (["check", "a.jsonl", "--suite", SUITE, "--profile", "mini"], "--arch: say which arch"),
     (["run", SUITE, "--profile", "cpu", "--seeds", "0"], "--seeds 0"),
     (["run", SUITE, "--profile", "full", "--arch", "cpu"], "cannot run here: needs 8 GPUs of arch gfx950"),
     (["run", SUITE, "--profile", "cpu", "--arch", "gfx950"], "--arch gfx950 but this machine is"),
@@ -166,7 +167,11 @@ def _fake_train(cfg) -> Path:
     with (out / "metrics.jsonl").open("w") as f:
         for t in range(1, n + 1):
             data = {"critic/score/mean": 0.2 + 0.4 * (t - 1) / (n - 1), "actor/ppo_kl": 1e-3 * t,
-                    "actor/pg_loss": 0.1, "response_length/mean": 12.0, "timing_s/step": 1.0}
+                    "actor/pg_loss": 0.1, "response_length/mean": 12.0, "timing_s/step": 1.0,
+                    # the on-policy and sanity signals of a clean run (the suite's cpu bounds read them)
+                    "training/rollout_probs_diff_max": 1e-4, "actor/ppo_kl_first_minibatch": 0.0,
+                    "actor/pg_clipfrac_first_minibatch": 0.0, "training/weight_sync_max_abs_diff": 0.0,
+                    "critic/advantages/group_mean_abs_max": 0.0, "actor/grad_norm": 1.0, "actor/kl_loss": 0.05}
             f.write(json.dumps({"step": t, "data": data}) + "\n")
     return out / "metrics.jsonl"
 
