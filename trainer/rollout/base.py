@@ -68,6 +68,9 @@ class Rollout:
     # (not trained on, log-prob 0). Empty: every response token was sampled.
     response_mask: list[list[int]] = field(default_factory=list)
     turn_stats: list[dict[str, int]] = field(default_factory=list)  # per response: num_turns, tool_calls, tool_errors
+    # Policy version that sampled each response token (partial rollout: tokens sampled before a weight
+    # sync keep the older version). Empty: every token has the response's `policy_version`.
+    token_versions: list[list[int]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.response_ids)
@@ -167,16 +170,19 @@ class InterruptibleEngine(RolloutEngine):
         rows = [list(p) for p in prompts for _ in range(n)]  # [B] prompts, each repeated n times
         tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop)
         return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows))
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
+                       token_versions=[[self.version] * len(t) for t in tokens])
 
     def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
                             partial_logprobs: list[list[float]], params: SamplingParams, *,
-                            should_stop: Callable[[], bool] | None = None) -> Rollout:
+                            should_stop: Callable[[], bool] | None = None,
+                            partial_versions: list[list[int]] | None = None) -> Rollout:
         """Resume interrupted responses (one row each; `params.n` is ignored) under the current weights.
 
         Row i continues `prompts[i] + partial_ids[i]` for at most `max_new_tokens - len(partial_ids[i])`
         tokens. The returned response is the partial one plus the new tokens; the partial tokens keep
-        the log-probs they were sampled with (`partial_logprobs`), the new ones get this engine's.
+        the log-probs they were sampled with (`partial_logprobs`) and their versions
+        (`partial_versions`, default: the current one), the new ones get this engine's.
         """
         budgets = [params.max_new_tokens - len(p) for p in partial_ids]
         if min(budgets, default=1) < 1:
@@ -189,4 +195,6 @@ class InterruptibleEngine(RolloutEngine):
                        response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
                        response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
                        finish_reasons=finish, group_index=list(range(len(rows))),
-                       policy_version=[self.version] * len(rows))
+                       policy_version=[self.version] * len(rows),
+                       token_versions=[list(v) + [self.version] * len(t) for v, t in zip(
+                           partial_versions or [[self.version] * len(p) for p in partial_ids], new_tokens)])

