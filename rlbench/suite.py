@@ -65,6 +65,9 @@ Stat = Literal[
 Op = Literal[">=", "<=", "approx", "band"]
 N_STATS = ("mean_last", "mean_first", "delta")
 
+# A suite file is a few kB; anything far larger is not one (read in full, so bounded first).
+MAX_SUITE_BYTES = 5 * 10**6
+
 # pip extras that provide an optional engine package (pyproject.toml optional-dependencies).
 PACKAGE_EXTRAS = {"vllm": "vllm", "sglang": "sglang", "megatron-core": "megatron"}
 
@@ -425,18 +428,55 @@ def profile_unmet_requirements(suite: Suite, profile: str, env_info: dict[str, A
 
 
 # ---------------------------------------------------------------------------- loading
+class _DuplicateKey(Exception):
+    pass
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in one "
+                                    f"mapping (first on line {seen[key]}); YAML keeps only the last: delete one")
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_suite(path: str | Path) -> Suite:
     """Read and validate one suite file; any problem is a one-line ConfigError."""
     p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{p}: is a directory, not a suite file; pass suites/<id>.yaml or a suite id")
     try:
-        text = p.read_text()
+        if p.stat().st_size > MAX_SUITE_BYTES:
+            raise ConfigError(f"{p}: {p.stat().st_size / 1e6:.1f} MB, over the {MAX_SUITE_BYTES // 10**6} MB a suite "
+                              "file may be; is this a suite YAML?")
+        data = p.read_bytes()
     except OSError as e:
-        raise ConfigError(f"{p}: cannot read suite file ({e.strerror}); check the path") from None
+        raise ConfigError(f"{p}: cannot read suite file ({e.strerror}); check the path and its permissions") from None
+    if b"\0" in data[:8192]:
+        raise ConfigError(f"{p}: is a binary file (NUL bytes), not a suite YAML; pass suites/<id>.yaml")
     try:
-        raw = yaml.safe_load(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {e.start}: {data[e.start:e.start + 1]!r}); a suite file is "
+                          "a UTF-8 YAML file") from None
+    if not text.strip():
+        raise ConfigError(f"{p}: the suite file is empty; a suite has id, title, source, trainer, modes, "
+                          "profiles and references (see suites/)")
+    try:
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except _DuplicateKey as e:
+        raise ConfigError(f"{p}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
-        line = f"line {mark.line + 1}, column {mark.column + 1}" if mark else "?"
+        line = (f"line {mark.line + 1}, column {mark.column + 1}" if mark else
+                f"character {e.position}" if isinstance(getattr(e, "position", None), int) else "?")
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         raise ConfigError(f"{p}: YAML syntax error at {line}: {problem}; fix the YAML there") from None
     if not isinstance(raw, dict):

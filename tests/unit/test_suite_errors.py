@@ -62,3 +62,39 @@ def test_missing_file_and_non_mapping(tmp_path: Path) -> None:
     p.write_text("- a\n- b\n")
     with pytest.raises(ConfigError, match="top level must be a mapping"):
         load_suite(p)
+
+
+# file-level problems: each input built here -> substrings of its one-line message
+FILE_CASES = {
+    "binary": (b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4, ["is a binary file (NUL bytes), not a suite YAML"]),
+    "not_utf8": (b"id: caf\xe9\ntitle: t\n", ["not UTF-8 text (byte 7: b'\\xe9')", "UTF-8 YAML file"]),
+    "empty": (b"   \n\n", ["the suite file is empty", "id, title, source"]),
+    "control_char": (b"id: x\x07y\n", ["YAML syntax error at character 5", "unacceptable character #x0007"]),
+    "duplicate_key": (b"id: a\ntitle: t\nid: b\n", ["line 3: key 'id' is given twice", "first on line 1",
+                                                   "YAML keeps only the last"]),
+    "python_tag": (b"id: !!python/object:os.system x\n", ["YAML syntax error at line 1", "could not determine a constructor"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FILE_CASES))
+def test_bad_suite_file(name: str, tmp_path: Path) -> None:
+    data, parts = FILE_CASES[name]
+    path = tmp_path / f"{name}.yaml"
+    path.write_bytes(data)
+    with pytest.raises(ConfigError) as info:
+        load_suite(path)
+    msg = str(info.value)
+    assert "\n" not in msg and msg.startswith(f"{path}: "), msg
+    for part in parts:
+        assert part in msg, f"{part!r} not in {msg!r}"
+
+
+def test_directory_and_oversize_suite(tmp_path: Path) -> None:
+    d = tmp_path / "dir.yaml"
+    d.mkdir()
+    with pytest.raises(ConfigError, match="is a directory, not a suite file"):
+        load_suite(d)
+    big = tmp_path / "big.yaml"
+    big.write_text("# " + "x" * (6 * 10**6) + "\n")
+    with pytest.raises(ConfigError, match=r"6\.0 MB, over the 5 MB a suite file may be"):
+        load_suite(big)
