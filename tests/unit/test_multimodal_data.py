@@ -83,3 +83,18 @@ def test_image_rows_need_a_vision_language_model():
     rows = make_geometry_rows(2, difficulty="easy", seed=0)
     with pytest.raises(DataError, match="row 0: has 1 image\\(s\\) but the model is text-only"):
         PromptDataset(rows, build_tiny_tokenizer(), max_prompt_length=64, batch_size=2)
+
+
+def test_vllm_prompt_has_one_placeholder_per_image():
+    from trainer.rollout.multimodal_prompts import check_expansion, collapse_image_tokens, vllm_prompt
+
+    pad = 7
+    ids = [1, 5, pad, pad, pad, 6, 2, 5, pad, pad, 6, 3]  # two images: 3 and 2 tokens
+    assert collapse_image_tokens(ids, pad) == [1, 5, pad, 6, 2, 5, pad, 6, 3]
+    prompt = vllm_prompt(ids, ["img0", "img1"], pad)
+    assert prompt == {"prompt_token_ids": [1, 5, pad, 6, 2, 5, pad, 6, 3], "multi_modal_data": {"image": ["img0", "img1"]}}
+    with pytest.raises(ValueError, match="2 image placeholder\\(s\\) for 1 image"):
+        vllm_prompt(ids, ["img0"], pad)
+    check_expansion(ids, list(ids))
+    with pytest.raises(ValueError, match="expanded the image prompt to 11 tokens, the trainer to 12 .*token 4"):
+        check_expansion(ids, ids[:4] + ids[5:])
