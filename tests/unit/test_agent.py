@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -152,8 +154,12 @@ def test_agent_loop_masks_logprobs_turns(tok) -> None:
     assert out.response_logprobs[0] == ([-(k + 1) / 100 for k in range(len(s1))] + [0.0] * len(obs)
                                         + [-(k + 1) / 100 for k in range(len(s2))])
     assert out.response_mask[1] == [1] * len(out.response_ids[1])
-    assert out.turn_stats == [{"num_turns": 4, "tool_calls": 1, "tool_errors": 0},
-                              {"num_turns": 2, "tool_calls": 0, "tool_errors": 0}]
+    counts = [{k: st[k] for k in ("num_turns", "tool_calls", "tool_errors")} for st in out.turn_stats]
+    assert counts == [{"num_turns": 4, "tool_calls": 1, "tool_errors": 0},
+                      {"num_turns": 2, "tool_calls": 0, "tool_errors": 0}]
+    # sandbox time of row 0's call; row 1 ran no tool; the tool phase's wall time goes to row 0
+    assert out.turn_stats[0]["tool_s"] > 0 and out.turn_stats[1]["tool_s"] == 0
+    assert out.turn_stats[0]["tool_wall_s"] >= out.turn_stats[0]["tool_s"] and out.turn_stats[1]["tool_wall_s"] == 0
     assert out.finish_reasons == ["stop", "stop"] and out.policy_version == [3, 3]
     # turn 2 continues only row 0, from its whole context, with the budget left
     (ctx,), params = inner.calls[1]
@@ -189,7 +195,8 @@ def test_malformed_call_returns_error_and_last_turn_call_not_run(tok) -> None:
     text = tok.decode(out.response_ids[0])
     assert OBS_OPEN + "Error: Validation failed for input parameters" in text
     assert text.endswith(_call("print(2)"))  # written in the last turn: counted, not executed
-    assert out.turn_stats[0] == {"num_turns": 4, "tool_calls": 2, "tool_errors": 1}
+    assert {k: out.turn_stats[0][k] for k in ("num_turns", "tool_calls", "tool_errors")} == \
+        {"num_turns": 4, "tool_calls": 2, "tool_errors": 1}
 
 
 def test_total_response_respects_the_budget(tok) -> None:
@@ -213,3 +220,98 @@ def test_tool_prompt_rows_and_config_checks() -> None:
         load_config(None, ["agent.enable=true", "trainer.mode=fully_async"])
     with pytest.raises(ConfigError, match="agent.max_turns"):
         load_config(None, ["agent.max_turns=0"])
+
+
+# ----------------------------------------------------------------------------- sandbox guard, timing, training
+
+def test_multi_turn_training_refuses_an_unisolated_sandbox(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json as _json
+
+    import trainer.agent.sandbox as sbx
+
+    class Unisolated:
+        layers: ClassVar[dict] = {"in_force": ["rlimits", "subreaper", "disk"], "isolating": False, "details": {},
+                  "not_in_force": {"seccomp": "ModuleNotFoundError: No module named 'pyseccomp'"}}
+
+    monkeypatch.setattr(sbx, "_SHARED", Unisolated())
+    with pytest.raises(ConfigError, match="agent.sandbox_allow_unisolated=true"):
+        sbx.check_isolation(AgentConfig(enable=True), tmp_path)
+    assert _json.loads((tmp_path / "env.json").read_text())["sandbox"]["isolating"] is False  # recorded even so
+    layers = sbx.check_isolation(AgentConfig(enable=True, sandbox_allow_unisolated=True), tmp_path)
+    assert layers["in_force"] == ["rlimits", "subreaper", "disk"]
+
+
+def test_sandbox_layers_in_env_json_and_turn_metrics(tmp_path, tok) -> None:
+    import json as _json
+
+    from trainer.agent.sandbox import sandbox_layers
+    from trainer.steps import turn_metrics
+
+    eos = tok.convert_tokens_to_ids("<|im_end|>")
+    (tmp_path / "env.json").write_text(_json.dumps({"python": "3"}))
+    script = [[_call("import time; time.sleep(0.3); print(1)"), _call("1/0")], ["a", "b"]]
+    agent = AgentRolloutEngine(ScriptedEngine(tok, script, eos), tok, AgentConfig(enable=True, max_turns=2),
+                               out_dir=str(tmp_path))
+    env = _json.loads((tmp_path / "env.json").read_text())
+    assert env["python"] == "3" and env["sandbox"] == sandbox_layers() and env["sandbox"]["isolating"]
+    out = agent.generate([_enc(tok, "q")], SamplingParams(n=2, max_new_tokens=300, stop_token_ids=[eos]))
+    batch = batch_from_rollout(out, pad_token_id=tok.pad_token_id)
+    batch.meta = {k: [st[k] for st in out.turn_stats] for k in out.turn_stats[0]}
+    m = turn_metrics(batch)
+    assert m["agent/tool_errors/total"] == 1 and m["agent/tool_calls/mean"] == 1
+    assert 0.3 <= m["timing_s/tool"] < 5 and 0.15 <= m["agent/tool_seconds/mean"] < m["timing_s/tool"]
+
+
+class HostileEngine(RolloutEngine):
+    """Every response calls the tool once with one of `PROGRAMS` (by row), then answers."""
+
+    name = "hostile"
+    PROGRAMS: ClassVar[list[str]] = [
+        "import socket\nsocket.create_connection(('127.0.0.1', 22), timeout=1)",
+        "open('/etc/shadow').read()",
+        "import os\nwhile True:\n    os.fork()",
+        "while True:\n    pass",
+        "x = b'x' * (2 << 30)",
+        "import os\nos.kill(os.getppid(), 9)\nraise SystemExit(3)",
+        "open('/tmp/rlbench-hostile-train', 'w').write('x')",
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parents[2])!r})\nimport trainer",
+    ]
+
+    def __init__(self, tok, eos_id: int) -> None:
+        self.tok, self.eos_id, self.version = tok, eos_id, 0
+
+    def generate(self, prompts, params, **kwargs) -> Rollout:
+        ids, lps = [], []
+        for i, p in enumerate(prompts):
+            text = "Answer: \\boxed{3}" if "<tool_response>" in self.tok.decode(p) else \
+                _call(self.PROGRAMS[i % len(self.PROGRAMS)])
+            t = (self.tok.encode(text, add_special_tokens=False) + [self.eos_id])[: params.max_new_tokens]
+            ids.append(t)
+            lps.append([-0.5] * len(t))
+        return Rollout(prompt_ids=prompts, response_ids=ids, response_logprobs=lps, finish_reasons=["stop"] * len(ids),
+                       group_index=list(range(len(ids))), policy_version=[self.version] * len(ids))
+
+    def update_weights(self, named_tensors) -> None:
+        for _ in named_tensors:
+            pass
+
+
+def test_hostile_tool_code_inside_a_training_run(make_config) -> None:
+    from trainer.metrics import read_metrics
+    from trainer.modes.colocated import train_colocated
+    from trainer.steps import build_components
+
+    cfg = make_config(agent={"enable": True, "max_turns": 2, "tool_timeout_s": 1.0, "max_parallel_tools": 4},
+                      data={"max_response_length": 256, "max_prompt_length": 96},
+                      trainer={"total_steps": 2, "test_freq": 0})
+    c = build_components(cfg)
+    eos = c.eos_ids[0]
+    c.engine.inner = HostileEngine(c.tokenizer, eos)
+    lines = [m["data"] for m in read_metrics(train_colocated(c)) if "agent/tool_errors/total" in m["data"]]
+    assert len(lines) == 2  # the run finished both steps
+    n = cfg.data.train_batch_size * cfg.rollout.n
+    for m in lines:
+        assert m["agent/tool_calls/mean"] == 1.0
+        assert m["agent/tool_errors/total"] == n  # every hostile program failed inside the sandbox
+        assert m["timing_s/tool"] > 0 and m["num_turns/mean"] == 4.0
+    assert not __import__("os").path.exists("/tmp/rlbench-hostile-train")

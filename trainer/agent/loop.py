@@ -28,8 +28,16 @@ is dropped with its log-probs; a prefix's probability does not depend on what fo
 Per sample, `Rollout.turn_stats` records ``num_turns`` (verl's count: the user message, each
 assistant segment and each tool response; a direct answer is 2, one tool round trip then an
 answer is 4; the ReTool reward reads it), ``tool_calls`` (complete ``<tool_call>`` spans,
-malformed ones included) and ``tool_errors`` (calls whose output is an error: malformed, unknown
-tool, non-zero exit, timeout). A call written in the last allowed turn is counted but not run.
+malformed ones included), ``tool_errors`` (calls whose output is an error: malformed, unknown
+tool, non-zero exit, timeout, a sandbox limit), ``tool_s`` (the sandbox's own seconds for the
+sample's calls) and ``tool_wall_s`` (the sample's share of the wall-clock time generation waited
+for tools: each tool phase's time split evenly over the samples whose calls ran in it, so the sum
+over a batch is the batch's tool wall time; `timing_s/tool`). A call written in the last allowed
+turn is counted but not run.
+
+The tool runs in `trainer.agent.sandbox` (a warm zygote, confined per call); building the engine
+runs the sandbox's self-test, records its layers in ``<out_dir>/env.json`` and refuses to start
+when no isolating layer is in force unless ``agent.sandbox_allow_unisolated`` is set.
 
 Departures: observations are plain text inside the assistant turn (as Miles' retool example
 does), not a chat-template tool role; `n` samples of a prompt are independent rows (no prefix
@@ -39,6 +47,7 @@ the fully-async mode is not supported (the config rejects it).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -46,7 +55,7 @@ from typing import Any
 
 import torch
 
-from trainer.agent.sandbox import format_observation, run_python
+from trainer.agent.sandbox import check_isolation, format_observation, get_sandbox
 from trainer.agent.tool_call import TOOL_CALL_CLOSE, ToolCall, last_tool_call
 from trainer.config import AgentConfig
 from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
@@ -60,10 +69,11 @@ class AgentRolloutEngine(RolloutEngine):
 
     name = "agent"
 
-    def __init__(self, inner: RolloutEngine, tokenizer: Any, cfg: AgentConfig) -> None:
+    def __init__(self, inner: RolloutEngine, tokenizer: Any, cfg: AgentConfig, *, out_dir: str | None = None) -> None:
         self.inner = inner
         self.tokenizer = tokenizer
         self.cfg = cfg
+        self.sandbox_layers = check_isolation(cfg, out_dir)  # self-test; refuses an unisolated machine
         ids = tokenizer.encode(TOOL_CALL_CLOSE, add_special_tokens=False)
         self.stop_ids = list(ids) if len(ids) == 1 else []  # the closing tag is one token: stop on it
         self._open_ids = list(tokenizer.encode(OBS_OPEN, add_special_tokens=False))
@@ -107,12 +117,15 @@ class AgentRolloutEngine(RolloutEngine):
                 lo = mid + 1
         return hi
 
-    def run_tool(self, call: ToolCall) -> tuple[str, bool]:
-        """`(observation text, is_error)` for one parsed call."""
+    def run_tool(self, call: ToolCall) -> tuple[str, bool, float]:
+        """`(observation text, is_error, sandbox seconds)` for one parsed call."""
         if not call.ok:
-            return call.error or "Error: invalid tool call", True
-        result = run_python(call.arguments["code"], timeout_s=self.cfg.tool_timeout_s, memory_mb=self.cfg.tool_memory_mb)
-        return format_observation(result, timeout_s=self.cfg.tool_timeout_s), not result.ok
+            return call.error or "Error: invalid tool call", True, 0.0
+        c = self.cfg
+        result = get_sandbox(c.sandbox_user).run(call.arguments["code"], timeout_s=c.tool_timeout_s,
+                                                 memory_mb=c.tool_memory_mb, max_procs=c.tool_max_procs,
+                                                 disk_mb=c.tool_disk_mb)
+        return format_observation(result, timeout_s=c.tool_timeout_s), not result.ok, result.seconds
 
     def observation_ids(self, text: str) -> list[int]:
         """Tokens of one wrapped observation, the tool output cut to `max_observation_tokens`."""
@@ -133,7 +146,8 @@ class AgentRolloutEngine(RolloutEngine):
         lps: list[list[float]] = [[] for _ in range(b)]
         mask: list[list[int]] = [[] for _ in range(b)]
         finish = ["length"] * b
-        stats = [{"num_turns": 1, "tool_calls": 0, "tool_errors": 0} for _ in range(b)]
+        stats: list[dict[str, Any]] = [{"num_turns": 1, "tool_calls": 0, "tool_errors": 0, "tool_s": 0.0,
+                                        "tool_wall_s": 0.0} for _ in range(b)]
         versions = [0] * b
         active = list(range(b))
         for turn in range(self.cfg.max_turns):
@@ -166,11 +180,15 @@ class AgentRolloutEngine(RolloutEngine):
                 finish[i] = "stop"
                 if turn + 1 < self.cfg.max_turns and len(ids[i]) < budget:
                     calls.append((i, call))
+            t_tools = time.perf_counter()
             with ThreadPoolExecutor(max_workers=max(1, min(self.cfg.max_parallel_tools, len(calls) or 1))) as pool:
                 results = list(pool.map(lambda ic: self.run_tool(ic[1]), calls))
+            t_tools = time.perf_counter() - t_tools
             active = []
-            for (i, _), (text, is_error) in zip(calls, results):
+            for (i, _), (text, is_error, seconds) in zip(calls, results):
                 stats[i]["tool_errors"] += int(is_error)
+                stats[i]["tool_s"] += seconds
+                stats[i]["tool_wall_s"] += t_tools / len(calls)
                 obs = self.observation_ids(text)
                 room = budget - len(ids[i])
                 stats[i]["num_turns"] += 1

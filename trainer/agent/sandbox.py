@@ -303,6 +303,26 @@ def sandbox_layers() -> dict[str, Any]:
     return get_sandbox().layers
 
 
+def check_isolation(cfg: Any, out_dir: str | Path | None = None) -> dict[str, Any]:
+    """The layers in force for a run with agent config `cfg` (started with its `sandbox_user`);
+    recorded as `sandbox` in `<out_dir>/env.json` when given. Raises ConfigError when no isolating
+    layer is in force and `cfg.sandbox_allow_unisolated` is false."""
+    from trainer.errors import ConfigError
+
+    layers = get_sandbox(cfg.sandbox_user).layers
+    if out_dir is not None:
+        env_path = Path(out_dir) / "env.json"
+        env = json.loads(env_path.read_text()) if env_path.exists() else {}
+        env["sandbox"] = layers
+        env_path.parent.mkdir(parents=True, exist_ok=True)
+        env_path.write_text(json.dumps(env, indent=2, default=str))
+    if not layers["isolating"] and not cfg.sandbox_allow_unisolated:
+        raise ConfigError(f"agent.enable=true: the tool sandbox has no isolating layer on this machine (in force: "
+                          f"{layers['in_force']}; missing: {layers['not_in_force']}); fix: run as root or where "
+                          f"Landlock/seccomp work (pip install pyseccomp), or set agent.sandbox_allow_unisolated=true")
+    return layers
+
+
 def run_python(code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, **limits: Any) -> ToolResult:
     """Run `code` in the shared sandbox (see `Sandbox.run` for the limits)."""
     return get_sandbox().run(code, timeout_s=timeout_s, memory_mb=memory_mb, **limits)
