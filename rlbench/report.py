@@ -201,9 +201,10 @@ def _section_html(section: ReportSection, charts: Charts, anchor: str, heading: 
     else:
         parts.append('<p class="note">No run logged a validation metric (<code>val-core/...</code>): set '
                      "<code>trainer.test_freq</code> and validation data to get this curve.</p>")
+    logged = {str(c) for f in section.runs.values() for c in f.columns}
     metrics: dict[str, list[CheckResult]] = {}
-    for r in evaluated:
-        if r.metric and r.metric not in val:
+    for r in evaluated:  # a metric no run logged has no curve: its row or fold already says so
+        if r.metric and r.metric not in val and r.metric in logged:
             metrics.setdefault(r.metric, []).append(r)
     if metrics:
         parts.append("<h3>Checked metrics</h3>")
