@@ -321,7 +321,8 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
     seeds = [int(x) for x in args.clean_seeds.split(",")] if args.clean_seeds else None
     result = run_selftest(find_suite(args.suite), args.profile, mutations=args.mutations.split(",") if args.mutations else None,
-                          clean_seeds=seeds, mutation_seed=args.mutation_seed, work=args.work, out=args.out,
+                          clean_seeds=seeds, mutation_seed=args.mutation_seed, steps=args.steps or None,
+                          work=args.work, out=args.out,
                           tiny=args.tiny, sets=args.set, rev=args.rev)
     print(markdown(result))
     return exit_code(result)
@@ -332,6 +333,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
     directory = Path(args.suites_dir) if args.suites_dir else (
         Path("suites") if Path("suites").is_dir() else PROJECT_ROOT / "suites")
+    if args.arch is not None:
+        validate_arch(args.arch, detected=_detected_arch())
     info = machine_info(args.arch)
     print(f"machine: arch {info['arch']}, {info['num_gpus']} GPU(s), device {info['device_name'] or '-'}")
     for suite in discover_suites(directory):
@@ -394,6 +397,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--mutations", help="comma-separated names from rlbench/mutations.py (default: all)")
     st.add_argument("--clean-seeds", help="comma-separated seeds of the clean runs (default 5,6,7)")
     st.add_argument("--mutation-seed", type=int, default=0, help="seed of the mutated runs (default 0)")
+    st.add_argument("--steps", type=int, default=4, help="train the first N steps, check what they settle "
+                    "(default 4; 0: the whole profile, every check)")
     st.add_argument("--tiny", action="store_true", help="tiny random-init model, mechanics checks only")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="trainer override (repeatable)")
     st.add_argument("--rev", help="mutate the trainer of this git commit (default: the working tree's)")
