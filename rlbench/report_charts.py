@@ -121,8 +121,12 @@ def _in_metric_unit(statistic: str) -> bool:
     return not statistic.startswith(_NOT_IN_METRIC_UNIT)
 
 
-def _trace_colour(i: int) -> str:
-    return _PALETTE[i % len(_PALETTE)]
+# One colour per run mode on every chart (a suite that runs only fully_async still draws it in red).
+RUN_COLOURS = {"colocated": "#1f77b4", "fully_async": "#d62728"}
+
+
+def _trace_colour(run: str, i: int) -> str:
+    return RUN_COLOURS.get(run) or _PALETTE[(i + len(RUN_COLOURS)) % len(_PALETTE)]
 
 
 def _chart_caption(results: list[CheckResult], actual: Any) -> str:
@@ -151,7 +155,8 @@ def metric_chart(metrics: list[str], runs: dict[str, pd.DataFrame], results: lis
                 lo, hi = min(lo, float(y.min())), max(hi, float(y.max()))
             label = run_label(name) if len(metrics) == 1 else f"{run_label(name)}: {metric}"
             fig.add_trace(go.Scatter(x=x, y=y, mode="lines+markers" if len(y) < 60 else "lines",
-                                     name=esc(label), line={"color": _trace_colour(colour)}))
+                                     name=esc(label),
+                                     line={"color": _trace_colour(name if len(metrics) == 1 else "", colour)}))
             colour += 1
     if not fig.data:
         return f'<p class="note">No run logged <code>{esc(", ".join(metrics))}</code>: no chart.</p>'

@@ -349,3 +349,9 @@ def test_session_report_lists_profiles_that_could_not_run(tmp_path: Path) -> Non
     assert "11 checks of suite-a [full] could not run here: needs 8 GPUs of arch gfx950 (this machine: 0)." in text
     assert "pytest items: 1 passed, 11 skipped." in text
     assert "<b>1</b> of 1 published references" in text
+
+
+def test_run_colours_are_stable_across_reports(tmp_path: Path) -> None:
+    only_async = {"fully_async": RUNS["fully_async"]}
+    text = render_report(tmp_path / "r.html", title="t", runs=only_async, results=[_result()], env={}).read_text()
+    assert '"line":{"color":"#d62728"},"mode":"lines+markers","name":"fully_async"' in text
