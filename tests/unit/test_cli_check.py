@@ -77,6 +77,13 @@ def test_mode_the_profile_does_not_run_is_refused(tmp_path: Path, capsys) -> Non
                            "reads a fully_async log; give the log's real mode, or another --profile")
 
 
+def test_one_mode_given_twice_is_refused(tmp_path: Path, capsys) -> None:
+    a = write_qwen3_8b_grpo_log(tmp_path / "a.jsonl")
+    rc, _, err = _main(["check", str(a), str(a), "--suite", "verl_geo3k_qwen35_35b_a3b_moe_gfx950", "--profile",
+                        "full", "--arch", "gfx950", "--mode", "colocated", "--mode", "colocated"], capsys)
+    assert rc == 2 and err.strip() == "error: --mode colocated --mode colocated: each mode once, one per LOG"
+
+
 def test_non_monotone_steps_are_warned(tmp_path: Path, capsys) -> None:
     recs = [{"step": s, "data": {"actor/ppo_kl": 1e-4}} for s in (5, -3, 5, 2, 2, 1)]
     log = _write_records(tmp_path / "order.jsonl", recs)

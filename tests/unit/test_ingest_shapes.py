@@ -241,3 +241,34 @@ def test_binary_empty_and_directory_logs_are_refused(tmp_path: Path) -> None:
         load_metrics(empty)
     with pytest.raises(DataError, match="is a directory, not a metrics log"):
         load_metrics(tmp_path)
+
+
+# ---------------------------------------------------------------- other malformed records
+def test_number_tail_alone_on_a_line_is_joined_and_named(tmp_path: Path) -> None:
+    log = load_metrics(_write(tmp_path / "tail.log", ["step:1 - a/x:0.5 - a/y:368.9", "02", "step:2 - a/x:1"]))
+    assert log.frame.loc[1, "a/y"] == 368.902
+    assert log.warnings == ["line 2: '02' read as the rest of step 1's value of 'a/y' (a number wrapped at the line "
+                            "break); check line 2 if it was separate output"]
+
+
+def test_miles_record_with_an_unreadable_dict_is_named(tmp_path: Path) -> None:
+    log = load_metrics(_write(tmp_path / "m.log", [miles_perf_record(0), "INFO - perf 1: {'a': 1, 'b': }"]))
+    assert list(log.frame.index) == [0]
+    assert log.warnings == ["line 2: Miles 'perf' record has an unreadable dict; ignored"]
+
+
+@pytest.mark.parametrize("second, needle", [
+    ("[1, 2]", r"j\.jsonl:2: expected a JSON object per line, got list"),
+    ('{"step": 2, "data": [1]}', r"j\.jsonl:2: 'data' must be an object of metric -> value"),
+    ('{"step": "two", "data": {"a/x": 1}}', r"j\.jsonl:2: step key 'step' has value 'two', expected an integer"),
+])
+def test_malformed_json_records_are_refused_naming_the_line(tmp_path: Path, second: str, needle: str) -> None:
+    path = _write(tmp_path / "j.jsonl", ['{"step": 1, "data": {"a/x": 1}}', second, '{"step": 3, "data": {"a/x": 3}}'])
+    with pytest.raises(DataError, match=needle):
+        load_metrics(path)
+
+
+def test_miles_jsonl_line_without_a_step_key_is_refused(tmp_path: Path) -> None:
+    path = _write(tmp_path / "m.jsonl", ['{"rollout/step": 0, "perf/step_time": 1.0}', '{"perf/step_time": 2.0}'])
+    with pytest.raises(DataError, match=r"m\.jsonl:2: no step key \(one of step, rollout/step"):
+        load_metrics(path)
