@@ -216,12 +216,14 @@ def test_fork_bomb(sb: Sandbox) -> None:
     _no_leftovers(sb)
 
 
-def test_memory_across_children(sb: Sandbox) -> None:
+@pytest.mark.parametrize("bound", ["in force", "memwatch"])
+def test_memory_across_children(sb: Sandbox, bound: str) -> None:
+    layers = None if bound == "in force" else [x for x in sb.in_force if x != "cgroup"] + ["memwatch"]
     code = ("import os, time\npids = []\nfor i in range(3):\n    pid = os.fork()\n    if pid == 0:\n"
             "        try:\n            b = b'x' * (400 << 20)\n            print('held', flush=True)\n            time.sleep(2)\n"
             "        except MemoryError:\n            pass\n        os._exit(0)\n    pids.append(pid)\n"
             "for p in pids:\n    os.waitpid(p, 0)\n")
-    res = sb.run(code, memory_mb=512, timeout_s=10)
+    res = sb.run(code, memory_mb=512, timeout_s=10, layers=layers)
     assert res.stdout.count("held") < 3, res.stdout  # at most 512 MiB across the call's processes
     _no_leftovers(sb)
 

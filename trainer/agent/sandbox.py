@@ -17,6 +17,8 @@ them or does not run. The layers (see `confine.py` for each):
                signals and abstract unix sockets scoped to the call
     seccomp    no sockets (socketpair(AF_UNIX) only), no ptrace / process_vm_* / namespaces / mounts
     cgroup     per-call process-count and total-memory bound (pids + memory controllers)
+    memwatch   where no cgroup is writable: the call's resident memory summed over its processes,
+               polled every `disk_poll_s`, the call killed past `memory_mb`
     subreaper  the call's whole process tree is killed at exit or deadline (daemons included)
     disk       the folder's total size and entry count, polled, the call killed past the bound
 
@@ -209,11 +211,18 @@ class Sandbox:
             ok["cgroup"] = applied["cgroup"]
         ok["subreaper"] = True  # prctl failure fails the supervisor, so every answered call had one
         ok["disk"] = True
-        self.in_force = [k for k in try_all if k in ok]
+        if "cgroup" not in ok:  # the total-memory bound by polling instead (a 20 ms reaction time)
+            ok["memwatch"] = True
+        self.in_force = [k for k in [*try_all, "memwatch"] if k in ok]
         self.layers = {"in_force": list(ok), "isolating": any(k in ok for k in ISOLATING), "details": ok,
-                       "not_in_force": {k: res.info.get("errors", {}).get(k, str(self.possible.get(k, "probe failed")))
-                                        for k in try_all if k not in ok},
+                       "not_in_force": {k: self._why_not(k, res.info) for k in try_all if k not in ok},
                        "user": self.user if ok.get("uid") not in (None, 65534) else ("nobody" if "uid" in ok else None)}
+
+    def _why_not(self, layer: str, info: dict[str, Any]) -> str:
+        possible = self.possible.get(layer)
+        if isinstance(possible, str) and possible not in ("v1", "v2"):  # the zygote could not set it up at all
+            return possible
+        return str(info.get("errors", {}).get(layer, "applied, but the self-test probe got through"))
 
     # ------------------------------------------------------------ calls
     def run(self, code: str, *, timeout_s: float = 5.0, memory_mb: int = 512, max_procs: int = 32,

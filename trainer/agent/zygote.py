@@ -12,7 +12,8 @@ Per request the zygote forks a supervisor, which
   3. forks the worker, which joins the cgroups, applies the layers (`confine.py`: rlimits, uid,
      no_new_privs, Landlock, seccomp), closes every inherited descriptor, and runs the code in a
      fresh ``__main__`` (no new interpreter start: that is what keeps a call at a few ms),
-  4. waits on a pidfd for the worker's exit or the deadline, polling the folder's disk use,
+  4. waits on a pidfd for the worker's exit or the deadline, polling the folder's disk use (and,
+     where no memory cgroup is writable, the resident memory of the call's processes),
   5. kills whatever is left of the tree (the cgroup's processes, or the subreaper's descendants
      found in /proc), removes the folder and cgroups, and writes the result JSON.
 
@@ -169,6 +170,21 @@ def _descendants(root: int) -> list[int]:
     return out
 
 
+def _tree_rss(root: int) -> int:
+    """Resident bytes of the processes below `root` (the memory bound where no cgroup is writable)."""
+    total = 0
+    for pid in _descendants(root):
+        try:
+            with open(f"/proc/{pid}/statm", "rb") as fh:
+                total += int(fh.read().split()[1]) * _PAGE
+        except (OSError, IndexError, ValueError):
+            pass
+    return total
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 def _kill_tree(cg_dirs: list[str]) -> int:
     """Kill and reap every remaining descendant (they are all this subreaper's children by now)."""
     killed = 0
@@ -265,11 +281,19 @@ def _spare(cfg: dict, conn: socket.socket) -> None:
                 result["timed_out"] = True
                 break
             exited = bool(poller.poll(max(1, int(min(left, tick) * 1000))))
+            if exited:
+                break
             used, n = _disk_use(folder)
             if used > disk_bytes or n > max_files:
                 result["error"] = (f"disk limit exceeded ({used >> 10} KiB in {n} entries; the limit is "
                                    f"{disk_bytes >> 10} KiB and {max_files} entries)")
                 break
+            if not cg_dirs and "memwatch" in req["layers"]:  # no memory cgroup: the tree's RSS, polled
+                rss = _tree_rss(os.getpid())
+                if rss > int(req["memory_bytes"]):
+                    result["error"] = (f"memory limit exceeded ({rss >> 20} MiB resident across the call's "
+                                       f"processes; the limit is {int(req['memory_bytes']) >> 20} MiB)")
+                    break
         mark("exited")
         if not exited:
             os.kill(pid, signal.SIGKILL)
