@@ -394,11 +394,12 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("selftest", help="plant known bugs in a copy of the trainer; which checks catch them")
     st.add_argument("suite", nargs="?", default="verl_grpo_qwen3_8b_sglang_gfx950", help="a colocated suite")
     st.add_argument("--profile", choices=PROFILE_NAMES, default="cpu", help="profile to run (default cpu)")
-    st.add_argument("--mutations", help="comma-separated names from rlbench/mutations.py (default: all)")
+    st.add_argument("--mutations", help="comma-separated names from rlbench/mutations.py, or all (default: "
+                    "all but the known blind spots)")
     st.add_argument("--clean-seeds", help="comma-separated seeds of the clean runs (default 5,6,7)")
     st.add_argument("--mutation-seed", type=int, default=0, help="seed of the mutated runs (default 0)")
-    st.add_argument("--steps", type=int, default=4, help="train the first N steps, check what they settle "
-                    "(default 4; 0: the whole profile, every check)")
+    st.add_argument("--steps", type=int, default=2, help="train the first N steps, check what they settle "
+                    "(default 2; 0: the whole profile, every check)")
     st.add_argument("--tiny", action="store_true", help="tiny random-init model, mechanics checks only")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="trainer override (repeatable)")
     st.add_argument("--rev", help="mutate the trainer of this git commit (default: the working tree's)")

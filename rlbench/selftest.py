@@ -14,6 +14,12 @@ computed) on it; a check that fails on a clean run is a *false alarm*. Clean see
 outside the seeds the golden values were recorded from, so that the golden bands are tested on
 runs they did not see.
 
+`--steps N` (default 2) trains the first N steps of the profile and evaluates only the checks that
+those steps settle as the whole run would (`prefix_checks`): bands over every step, `first`,
+`no_nan`, `mean_first(n <= N)`, upper bounds on a max, lower bounds on a min, and any statistic
+whose window ends by step N; golden statistics likewise. `--steps 0` runs the whole profile and
+every check. Most planted bugs show from the first step; halving the run halves the selftest.
+
 `--tiny` swaps in the tiny random-init model (seconds per run) and counts only the checks whose
 bounds hold for any model (`TINY_METRICS`: log-prob agreement, on-policy first mini-batch, weight
 sync, advantage centring, finite loss); the learning and golden checks need the real model.
@@ -44,18 +50,21 @@ import yaml
 
 from rlbench.checks import evaluate
 from rlbench.ingest import load_metrics
-from rlbench.mutations import MUTATIONS, Mutation, apply_mutation, copy_trainer, trainer_digest
+from rlbench.mutations import DEFAULT_MUTATIONS, MUTATIONS, Mutation, apply_mutation, copy_trainer, trainer_digest
 from rlbench.runner import PROJECT_ROOT, resolved_config
 from rlbench.suite import Suite
 from trainer.errors import ConfigError
 
 DEFAULT_SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
 DEFAULT_CLEAN_SEEDS = (5, 6, 7)
+DEFAULT_STEPS = 2  # the first 2 of the cpu profile's 8 steps (see the module docstring)
 TINY_METRICS = frozenset({
     "training/rollout_probs_diff_max", "training/weight_sync_max_abs_diff", "actor/ppo_kl_first_minibatch",
     "actor/pg_clipfrac_first_minibatch", "critic/advantages/group_mean_abs_max", "actor/pg_loss",
 })
-TINY_SETS = ("model.path=tiny:qwen2", "model.dtype=float32")
+# The random tiny model scores 0 everywhere, so GRPO advantages are 0 and nothing would train: an
+# entropy bonus gives every step a gradient, so that weight sync and off-policy signals exist.
+TINY_SETS = ("model.path=tiny:qwen2", "model.dtype=float32", "actor.entropy_coeff=0.01")
 _OK = ("pass", "skip")  # any other verdict (fail, error, not evaluated) means the check saw a problem
 
 
@@ -111,6 +120,33 @@ def _train(job: Job, cfg: dict[str, Any], *, rev: str | None, status) -> None:
     done.write_text(json.dumps({"ident": ident, "crashed": job.crashed, "wall_s": job.wall_s}, indent=2))
 
 
+def _prefix_determined(stat: str | None, op: str | None, n: int, window: tuple[int, int] | None, steps: int) -> bool:
+    """Does a run's first `steps` steps settle this check as the whole run would (for a clean run)?"""
+    if window is not None and window[1] <= steps:
+        return True
+    if op == "band" or stat in ("first", "no_nan"):
+        return True  # every step seen holds the bound / the first step is the first step
+    if stat == "mean_first":
+        return n <= steps
+    return (stat, op) in (("max", "<="), ("min", ">="))  # a prefix's max is at most the run's
+
+
+def prefix_checks(suite: Suite, steps: int | None) -> Suite:
+    """The suite with only the references (and golden statistics) that the first `steps` steps settle;
+    the whole suite when `steps` is None (the profile's own length)."""
+    if steps is None:
+        return suite
+    refs = []
+    for ref in suite.references:
+        if ref.kind == "golden":
+            stats = [gs for gs in ref.stats if _prefix_determined(gs.stat, "approx", gs.n, gs.window, steps)]
+            if stats:
+                refs.append(ref.model_copy(update={"stats": stats}))
+        elif ref.kind == "metric" and _prefix_determined(ref.stat, ref.op, ref.n, ref.window, steps):
+            refs.append(ref)
+    return suite.model_copy(update={"references": refs})
+
+
 def _evaluate(job: Job, suite: Suite, profile: str, metrics_filter: frozenset[str] | None) -> None:
     path = job.folder / "metrics.jsonl"
     if job.crashed or not path.is_file():
@@ -125,7 +161,8 @@ def _evaluate(job: Job, suite: Suite, profile: str, metrics_filter: frozenset[st
 
 
 def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | None = None,
-                 clean_seeds: list[int] | None = None, mutation_seed: int = 0, work: str | Path = "runs/selftest",
+                 clean_seeds: list[int] | None = None, mutation_seed: int = 0, steps: int | None = DEFAULT_STEPS,
+                 work: str | Path = "runs/selftest",
                  out: str | Path | None = "reports/selftest", tiny: bool = False, sets: list[str] | None = None, rev: str | None = None,
                  status=lambda line: print(f"[selftest] {line}", file=sys.stderr, flush=True)) -> dict[str, Any]:
     """Run the clean seeds and the mutations, evaluate the suite's checks; write and return the result."""
@@ -133,13 +170,17 @@ def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | N
     if prof.modes != ["colocated"]:
         raise ConfigError(f"selftest: {suite.id} profile {profile} runs {', '.join(prof.modes)}; the selftest "
                           "drives the colocated loop only (pick a colocated suite, e.g. " + DEFAULT_SUITE + ")")
-    names = list(MUTATIONS) if not mutations else mutations
+    names = list(DEFAULT_MUTATIONS) if not mutations else (list(MUTATIONS) if mutations == ["all"] else mutations)
     unknown = [n for n in names if n not in MUTATIONS]
     if unknown:
         raise ConfigError(f"--mutations: unknown {', '.join(unknown)}; known: {', '.join(MUTATIONS)}")
     clean_seeds = list(DEFAULT_CLEAN_SEEDS if clean_seeds is None else clean_seeds)
-    sets = [*(TINY_SETS if tiny else ()), *(sets or [])]
-    tag = f"{suite.id}.{profile}" + (".tiny" if tiny else "")
+    if steps is not None and not 1 <= steps <= prof.steps:
+        raise ConfigError(f"--steps {steps}: give 1..{prof.steps} (the {profile} profile's steps), or 0 for all of them")
+    steps = None if steps is None or steps == prof.steps else steps
+    sets = [*(TINY_SETS if tiny else ()), *([f"trainer.total_steps={steps}"] if steps else []), *(sets or [])]
+    checked = prefix_checks(suite, steps)
+    tag = f"{suite.id}.{profile}" + (f".{steps}steps" if steps else "") + (".tiny" if tiny else "")
     work = Path(work) / tag
     jobs = [Job("clean", s, None, work / f"clean_seed{s}") for s in clean_seeds]
     jobs += [Job(n, mutation_seed, MUTATIONS[n], work / n) for n in names]
@@ -147,10 +188,11 @@ def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | N
     for job in jobs:
         cfg = resolved_config(suite, profile, "colocated", job.seed, job.folder, sets)
         _train(job, cfg, rev=rev, status=status)
-        _evaluate(job, suite, profile, TINY_METRICS if tiny else None)
+        _evaluate(job, checked, profile, TINY_METRICS if tiny else None)
         status(f"{job.key}: " + (f"CRASHED {job.crashed}" if job.crashed else
                                   f"{len(job.failed())} of {len(job.verdicts)} checks failed: {', '.join(job.failed())}"))
     result = summarize(suite, profile, jobs, tiny=tiny, sets=sets, wall_s=time.perf_counter() - t0)
+    result["steps"] = steps or prof.steps
     result["trainer_rev"] = rev or "working tree"
     if out is not None:
         write_result(result, Path(out), tag)
@@ -195,7 +237,8 @@ def markdown(result: dict[str, Any]) -> str:
     git = result.get("git") or {}
     v = result.get("versions") or {}
     lines = [
-        f"# rlbench selftest: {result['suite']} [{result['profile']}]" + (" (tiny model)" if result["tiny"] else ""),
+        f"# rlbench selftest: {result['suite']} [{result['profile']}], first {result.get('steps')} steps"
+        + (" (tiny model)" if result["tiny"] else ""),
         "",
         f"{s['caught']} of {s['mutations']} mutations caught; {s['false_alarms']} false alarms over "
         f"{s['clean_runs']} clean seeds ({s['clean_crashed']} crashed).",
