@@ -46,7 +46,6 @@ from plotly.utils import PlotlyJSONEncoder
 from rlbench.report_charts import (
     TEMPLATE,
     TIMING_PREFIXES,
-    VAL_PREFIX,
     Charts,
     downsample,
     esc,
@@ -147,17 +146,20 @@ def actual_text(r: CheckResult, runs: Mapping[str, pd.DataFrame]) -> str:
     return fmt(r.actual)
 
 
-def runs_table(runs: dict[str, pd.DataFrame], expected_steps: int | None) -> str:
-    """Per run: first and last logged step, number of steps; a late start or an early end is flagged."""
+_VALIDATION_ONLY = ("val-", "timing_s/testing")  # what a validation pass logs (step 0 included)
+
+
+def runs_table(runs: dict[str, pd.DataFrame], expected_steps: int | None, profile_steps: int | None = None) -> str:
+    """Per run: first and last training step, steps logged; a late start, an early end, gaps and a
+    run cut short by an override (`expected_steps` < `profile_steps`) are flagged."""
     if not runs:
         return '<p class="note">No run.</p>'
     rows = ""
     for name, frame in runs.items():
-        steps = frame.index.to_numpy()
-        train = [c for c in frame.columns if not str(c).startswith(VAL_PREFIX)]
-        tsteps = frame[train].dropna(how="all").index.to_numpy() if train else steps
+        train = [c for c in frame.columns if not str(c).startswith(_VALIDATION_ONLY)]
+        tsteps = frame[train].dropna(how="all").index.to_numpy() if train else frame.index.to_numpy()
         if len(tsteps) == 0:
-            rows += f'<tr><th>{esc(run_label(name))}</th><td colspan="3" class="warn">no steps logged</td></tr>'
+            rows += f'<tr><th>{esc(run_label(name))}</th><td colspan="4" class="warn">no training steps logged</td></tr>'
             continue
         first, last = int(tsteps.min()), int(tsteps.max())
         notes = []
@@ -165,8 +167,10 @@ def runs_table(runs: dict[str, pd.DataFrame], expected_steps: int | None) -> str
             notes.append(f"starts late: first training step {first} (steps 1-{first - 1} missing)")
         if expected_steps is not None and last < expected_steps:
             notes.append(f"ends early: last step {last} of {expected_steps}")
-        if expected_steps is not None and len(tsteps) < min(expected_steps, last) - first + 1:
+        if len(tsteps) < last - first + 1:
             notes.append(f"gaps: {last - first + 1 - len(tsteps)} steps missing inside")
+        if expected_steps is not None and profile_steps is not None and expected_steps < profile_steps:
+            notes.append(f"cut to {expected_steps} steps by an override (the profile runs {profile_steps})")
         note = "; ".join(notes) or "complete"
         cls = ' class="warn"' if notes else ""
         total = f"{last} of {expected_steps}" if expected_steps is not None else str(last)
@@ -176,9 +180,8 @@ def runs_table(runs: dict[str, pd.DataFrame], expected_steps: int | None) -> str
             f"<th>coverage</th></tr>{rows}</table>")
 
 
-def _expected_steps(section: ReportSection) -> int | None:
-    meta = section.suite_meta or {}
-    v = meta.get("steps")
+def _meta_int(section: ReportSection, key: str) -> int | None:
+    v = (section.suite_meta or {}).get(key)
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
@@ -190,7 +193,7 @@ def _section_html(section: ReportSection, charts: Charts, anchor: str, heading: 
                   headline_html(tally, profile=(section.suite_meta or {}).get("profile"))]
     actual = lambda r: actual_text(r, section.runs)
     parts.append("<h3>Verdicts</h3>" + verdict_rows_html(section.results, actual))
-    parts.append("<h3>Runs</h3>" + runs_table(section.runs, _expected_steps(section)))
+    parts.append("<h3>Runs</h3>" + runs_table(section.runs, _meta_int(section, "steps"), _meta_int(section, "profile_steps")))
     evaluated = [r for r in section.results if status_of(r) != "skip"]
     val = validation_metrics(section.runs)
     val_results = [r for r in evaluated if r.metric in val]

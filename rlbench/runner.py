@@ -237,6 +237,7 @@ def suite_meta(suite: Suite, profile: str, steps: int | None = None) -> dict[str
     """The report's suite table; `steps` (default: the profile's) is what the runs' coverage is checked against."""
     return {"suite": suite.id, "title": suite.title, "profile": profile, "file": str(suite.path or ""),
             "steps": steps if steps is not None else suite.profile(profile).steps,
+            "profile_steps": suite.profile(profile).steps,
             "published_on": suite.published_on.model_dump(),
             "sources": [f"{s.doc}: {s.where}" for s in suite.source]}
 

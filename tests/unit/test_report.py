@@ -339,6 +339,12 @@ def test_runs_table_flags_late_start_and_early_end() -> None:
     assert "starts late: first training step 3 (steps 1-2 missing)" in text
     assert "ends early: last step 6 of 8" in text
     assert "<td>8 of 8</td><td>8</td><td>complete</td>" in text
+    # A validation-only step 0 is no training step; a run cut by an override says so.
+    val0 = _frame({"val-core/x/acc/mean@1": [0.5], "timing_s/testing": [3.0]}, start=0)
+    cut = {"": pd.concat([val0, _frame({"actor/ppo_kl": [0.1] * 3})])}
+    text = runs_table(cut, expected_steps=3, profile_steps=8)
+    assert "<td>1</td><td>3 of 3</td><td>3</td>" in text
+    assert "cut to 3 steps by an override (the profile runs 8)" in text
 
 
 def test_session_report_lists_profiles_that_could_not_run(tmp_path: Path) -> None:
