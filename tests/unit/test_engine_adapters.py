@@ -292,32 +292,72 @@ def test_model_dir_for_engine(tmp_path: Path):
         assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "tokenizer.json"]
 
 
-# ---------------------------------------------------------------- SGLang-shaped fakes
-def sgl_out(ids: list[int], lps: list[float], reason: dict[str, Any], output_ids: list[int] | None = None) -> dict:
-    return {"text": None, "output_ids": ids if output_ids is None else output_ids,
-            "meta_info": {"output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, ids)],
-                          "finish_reason": reason, "completion_tokens": len(ids)}}
+# ---------------------------------------------------------------- SGLang-shaped fakes (sglang 0.5.23)
+def sgl_out(ids: list[int], lps: list[float], reason: dict[str, Any] | None, output_ids: list[int] | None = None,
+            rid: str = "r", index: int | None = None) -> dict:
+    out = {"text": None, "output_ids": ids if output_ids is None else output_ids,
+           "meta_info": {"id": rid, "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, ids)],
+                         "finish_reason": reason, "completion_tokens": len(ids)}}
+    if index is not None:
+        out["index"] = index
+    return out
+
+
+class FakeTokenizerManager:  # sglang.srt.managers.tokenizer_manager.TokenizerManager.abort_request
+    def __init__(self, engine: FakeSGLangEngine) -> None:
+        self.engine = engine
+
+    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
+        self.engine.aborted.append(rid)
 
 
 @dataclass
 class FakeSGLangEngine:
-    outputs: list[dict] = field(default_factory=list)
+    """`sglang.Engine.generate(input_ids, sampling_params, return_logprob, rid, stream)` and the weight /
+    memory calls. `script(row, sampling_params)` gives a request's whole response; streamed, each
+    chunk is the cumulative output of one request after one more token (SGLang's default)."""
+
+    script: Any = None
     calls: list[Any] = field(default_factory=list)
+    aborted: list[str] = field(default_factory=list)
     result: Any = (True, "ok")
 
-    def generate(self, input_ids: list[list[int]], sampling_params: dict, return_logprob: bool = False) -> list[dict]:
-        self.calls.append(("generate", input_ids, sampling_params, return_logprob))
-        return self.outputs
+    def __post_init__(self) -> None:
+        self.tokenizer_manager = FakeTokenizerManager(self)
+
+    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], return_logprob: bool = False,
+                 rid: list[str] | None = None, stream: bool = False) -> Any:
+        self.calls.append(("generate", input_ids, sampling_params, return_logprob, rid, stream))
+        full = [self.script(row, sp) for row, sp in zip(input_ids, sampling_params)]
+        if not stream:
+            return [sgl_out(t, lp, {"type": r}, rid=rid[i]) for i, (t, lp, r) in enumerate(full)]
+
+        def chunks():
+            k = 0
+            live = set(range(len(full)))
+            while live:
+                k += 1
+                for i in sorted(live):
+                    toks, lps, reason = full[i]
+                    if rid[i] in self.aborted:
+                        live.discard(i)
+                        yield sgl_out(toks[:k - 1], lps[:k - 1], {"type": "abort"}, rid=rid[i], index=i)
+                    elif k >= len(toks):
+                        live.discard(i)
+                        yield sgl_out(toks, lps, {"type": reason}, rid=rid[i], index=i)
+                    else:
+                        yield sgl_out(toks[:k], lps[:k], None, rid=rid[i], index=i)
+        return chunks()
 
     def update_weights_from_tensor(self, named_tensors: list, load_format: str | None = None,
                                    flush_cache: bool = True) -> Any:
         self.calls.append(("update", [n for n, _ in named_tensors], flush_cache))
         return self.result
 
-    def release_memory_occupation(self) -> None:
+    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.calls.append("release")
 
-    def resume_memory_occupation(self) -> None:
+    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         self.calls.append("resume")
 
 
@@ -326,8 +366,9 @@ def test_sglang_sampling_params():
                                                stop_token_ids=[9]), eos_ids=[2])
     assert sp == {"n": 1, "temperature": 0.6, "top_p": 0.95, "top_k": -1, "max_new_tokens": 32,
                   "stop_token_ids": [2, 9], "ignore_eos": False, "no_stop_trim": True}
-    g = sglang_sampling_params(SamplingParams(temperature=0.6, top_k=5, greedy=True), eos_ids=[2])
-    assert (g["temperature"], g["top_k"], g["top_p"]) == (0.0, -1, 1.0)
+    g = sglang_sampling_params(SamplingParams(temperature=0.6, top_k=5, greedy=True), eos_ids=[2], max_new_tokens=3,
+                               seed=11)
+    assert (g["temperature"], g["top_k"], g["top_p"], g["max_new_tokens"], g["sampling_seed"]) == (0.0, -1, 1.0, 3, 11)
 
 
 def test_rollout_from_sglang():
@@ -353,13 +394,17 @@ def test_rollout_from_sglang_rejects_bad_outputs():
         rollout_from_sglang([[1]], [sgl_out([4], [-1.0], {"type": "stop"})], n=2, version=0)
 
 
-def test_check_logprob_env():
+def test_check_logprob_env_and_version():
     check_logprob_env({})
     check_logprob_env({"SGLANG_RETURN_ORIGINAL_LOGPROB": "false"})
     with pytest.raises(ConfigError, match="fix: unset SGLANG_RETURN_ORIGINAL_LOGPROB"):
         check_logprob_env({"SGLANG_RETURN_ORIGINAL_LOGPROB": "True"})
     with pytest.raises(ConfigError, match="RETURN_ORIGINAL_LOGPROB=1"):
         check_logprob_env({"RETURN_ORIGINAL_LOGPROB": "1"})
+    sglang_engine.check_version("0.5.23")
+    sglang_engine.check_version("0.5.23.post1")
+    with pytest.raises(ConfigError, match=r"sglang 0\.5\.3 is installed.*0\.5\.23 \(fix: pip install 'rlbench\[sglang\]'\)"):
+        sglang_engine.check_version("0.5.3")
 
 
 def test_weight_buckets_and_send():
@@ -379,12 +424,12 @@ def test_weight_buckets_and_send():
 
 
 def test_sglang_engine_generate_sleep_update():
-    outs = [sgl_out([4], [-0.5], {"type": "length"}) for _ in range(4)]
-    fake = FakeSGLangEngine(outputs=outs)
-    engine = SGLangRolloutEngine(fake, eos_token_ids=[2])
+    fake = FakeSGLangEngine(script=lambda row, sp: ([4], [-0.5], "length"))
+    engine = SGLangRolloutEngine(fake, eos_token_ids=[2], seed=1)
     r = engine.generate([[1], [3]], SamplingParams(n=2, max_new_tokens=1))
-    _, rows, sp, want_lp = fake.calls[0]
-    assert rows == [[1], [1], [3], [3]] and sp["n"] == 1 and want_lp is True
+    _, rows, sps, want_lp, rids, stream = fake.calls[0]
+    assert rows == [[1], [1], [3], [3]] and all(sp["n"] == 1 for sp in sps) and want_lp is True and not stream
+    assert len({sp["sampling_seed"] for sp in sps}) == 4 and len(set(rids)) == 4  # a seed and an id per row
     assert r.group_index == [0, 0, 1, 1] and r.policy_version == [0] * 4
     engine.sleep()
     with pytest.raises(RuntimeError, match="asleep"):
@@ -396,6 +441,33 @@ def test_sglang_engine_generate_sleep_update():
     assert fake.calls[1:] == ["release", "resume", ("update", ["x"], True)]
     assert engine.version == 1
     assert engine.generate([[1]], SamplingParams(n=4)).policy_version == [1] * 4
+
+
+def test_sglang_abort_then_continue_keeps_logprobs_and_versions():
+    fake = FakeSGLangEngine(script=lambda row, sp: (list(range(50, 50 + sp["max_new_tokens"])),
+                                                    [-float(len(row))] * sp["max_new_tokens"], "length"))
+    engine = SGLangRolloutEngine(fake, eos_token_ids=[2])
+    seen = {"n": 0}
+
+    def stop() -> bool:
+        seen["n"] += 1
+        return seen["n"] > 6  # 2 rows: 3 chunks each
+    r = engine.generate([[1, 1]], SamplingParams(n=2, max_new_tokens=10), should_stop=stop)
+    rids = fake.calls[0][4]
+    assert fake.calls[0][5] is True and sorted(fake.aborted) == sorted(rids)  # streamed, aborted by SGLang's abort
+    assert r.finish_reasons == ["abort", "abort"]
+    assert all(3 <= len(t) <= 4 for t in r.response_ids) and r.response_ids[0][:3] == [50, 51, 52]
+    engine.update_weights([("x", torch.ones(2))])
+    engine.version = 4
+    c = engine.continue_generation(r.prompt_ids, r.response_ids, r.response_logprobs,
+                                   SamplingParams(max_new_tokens=10), partial_versions=r.token_versions)
+    _, rows, sps, _, _, stream = fake.calls[-1]
+    assert rows[0] == [1, 1] + r.response_ids[0] and sps[0]["max_new_tokens"] == 10 - len(r.response_ids[0])
+    assert not stream and c.finish_reasons == ["length", "length"]
+    k = len(r.response_ids[0])
+    assert len(c.response_ids[0]) == 10 and c.response_logprobs[0][:k] == [-2.0] * k
+    assert c.response_logprobs[0][k:] == [-float(2 + k)] * (10 - k)
+    assert c.token_versions[0] == [0] * k + [4] * (10 - k)
 
 
 # ---------------------------------------------------------------- building without the package

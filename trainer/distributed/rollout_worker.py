@@ -14,11 +14,12 @@ FIFO queue tagged with the policy version it started under. The trainer side tak
   at a sync: the "stale groups per window" that the test bounds. (Counts here are in prompt
   groups; verl counts samples the same way, `n` trajectories each.)
 - Partial rollout. With `partial_rollout`, `begin_sync` interrupts the running `generate` at its
-  next decode step (`InterruptibleEngine.generate(should_stop=...)`, trainer/rollout/base.py: the
-  `hf` and `static` engines); after the new weights land the
-  unfinished responses continue under them (`continue_generation`). Tokens sampled before the
-  sync keep the log-probs of the version that sampled them, so `rollout_logprobs` is always the
-  behaviour policy of each token. Without it, a sync waits for the running call to finish.
+  next decode step (`generate(should_stop=...)`: the `hf` and `static` engines' host decode loop,
+  trainer/rollout/base.py, or vLLM's / SGLang's abort of their running requests);
+  after the new weights land the unfinished responses continue under them
+  (`continue_generation`). Tokens sampled before the sync keep the log-probs and the policy
+  version of the weights that sampled them (`_Group.versions`), so `rollout_logprobs` is always
+  the behaviour policy of each token. Without it, a sync waits for the running call to finish.
 - Each response records the version it started and ended under; `max_partial_span` and
   `partial_ratio` come from those (verl's `fully_async/partial/*`).
 
@@ -28,6 +29,10 @@ generator, the policy version and the generation counters. Groups waiting in the
 interrupted in flight are not saved: on resume they are gone, and their prompts are not drawn
 again (the sampler is past them). verl's fully-async rollouter does the same (its
 `save_checkpoint` keeps only the dataloader state and says in-flight samples are lost).
+
+Weights arrive over the bucketed broadcast group (`init_sync_group` / `receive_weights`,
+trainer/distributed/weight_sync.py) in the order and dtypes of `weight_plan()`: the engine's
+parameters for the built-in engines, the HF checkpoint names for vLLM (whose worker fuses them).
 
 Departures: one rollout worker (one engine) per run; `groups_per_call` prompts per generate call
 (verl streams single prompts to a server).
@@ -46,7 +51,7 @@ import torch
 from trainer.batch import Batch, batch_from_rollout, concat_batches
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
-from trainer.rollout.base import InterruptibleEngine, Rollout
+from trainer.rollout.base import Rollout
 
 
 @dataclass
@@ -55,6 +60,7 @@ class _Group:
     start_version: int
     ids: list[list[int]] = field(default_factory=list)  # [n] response tokens so far
     logps: list[list[float]] = field(default_factory=list)  # [n] log-prob of each token, at sampling time
+    versions: list[list[int]] = field(default_factory=list)  # [n] policy version that sampled each token
     finish: list[str] = field(default_factory=list)  # [n] "stop" | "length" | "abort"
     end_version: list[int] = field(default_factory=list)  # [n] version when the response finished
     interrupted: bool = False
@@ -80,9 +86,10 @@ class RolloutWorker:
         self.eos_ids = eos_token_ids(self.tokenizer, model)
         self.engine = build_engine(cfg, model, self.tokenizer, self.eos_ids, self.device)
         del model
-        if not isinstance(self.engine, InterruptibleEngine):
-            raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the rollout worker needs an interruptible engine "
-                              f"(fix: set rollout.engine=hf or rollout.engine=static)")
+        if cfg.async_.partial_rollout and not callable(getattr(self.engine, "continue_generation", None)):
+            raise ConfigError(f"async.partial_rollout: rollout.engine={cfg.rollout.engine} cannot interrupt and continue "
+                              f"a generation (fix: set async.partial_rollout=false, or rollout.engine=hf, static, vllm "
+                              f"or sglang)")
         self.train_data = PromptDataset(train_rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                         batch_size=groups_per_call, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
                                         filter_overlong_prompts=cfg.data.filter_overlong_prompts,
@@ -121,7 +128,8 @@ class RolloutWorker:
     def weight_plan(self) -> list:
         from trainer.distributed.weight_sync import engine_weight_plan
 
-        return engine_weight_plan(self.engine.model)
+        plan = getattr(self.engine, "weight_plan", None)
+        return plan() if callable(plan) else engine_weight_plan(self.engine.model)
 
     def init_sync_group(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
         from trainer.distributed.weight_sync import SyncGroup
@@ -275,23 +283,28 @@ class RolloutWorker:
                 self.cond.notify_all()
 
     def _generate(self, groups: list[_Group], params: Any) -> None:
-        stop = lambda: self.interrupt
+        # engines that can be interrupted are, at a partial-rollout sync and at shutdown (`stop`)
+        stop = (lambda: self.interrupt) if callable(getattr(self.engine, "continue_generation", None)) else None
         n = self.cfg.rollout.n
         if groups[0].ids:  # continuing interrupted groups: only their unfinished responses
             where = [(gi, j) for gi, g in enumerate(groups) for j in range(n) if g.finish[j] == "abort"]
             out = self.engine.continue_generation(
                 [groups[gi].item["prompt_ids"] for gi, _ in where], [groups[gi].ids[j] for gi, j in where],
-                [groups[gi].logps[j] for gi, j in where], params, should_stop=stop)
+                [groups[gi].logps[j] for gi, j in where], params, should_stop=stop,
+                partial_versions=[groups[gi].versions[j] for gi, j in where])
         else:
             for g in groups:
-                g.ids, g.logps = [[] for _ in range(n)], [[] for _ in range(n)]
+                g.ids, g.logps, g.versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
                 g.finish, g.end_version = ["abort"] * n, [g.start_version] * n
             where = [(gi, j) for gi in range(len(groups)) for j in range(n)]
-            out = self.engine.generate([g.item["prompt_ids"] for g in groups], params, should_stop=stop)
+            prompts = [g.item["prompt_ids"] for g in groups]
+            out = self.engine.generate(prompts, params, should_stop=stop) if stop is not None \
+                else self.engine.generate(prompts, params)
         for row, (gi, j) in enumerate(where):
             g = groups[gi]
             self.num_generated_tokens += len(out.response_ids[row]) - len(g.ids[j])
             g.ids[j], g.logps[j], g.finish[j] = out.response_ids[row], out.response_logprobs[row], out.finish_reasons[row]
+            g.versions[j] = out.token_versions[row] if out.token_versions else [self.version] * len(g.ids[j])
             g.end_version[j] = self.version
             if out.finish_reasons[row] == "abort":
                 g.interrupted = True

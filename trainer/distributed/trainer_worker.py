@@ -8,9 +8,11 @@ as the single-process loop, with counts all-reduced, so the update does not depe
 In the colocated mode each worker also holds a rollout engine (a full, unsharded copy of the
 weights in the rollout dtype): it samples its share of the prompts, and after the update gets the
 new weights in-process (`update_local_engine`, an FSDP all-gather on every rank). On GPU the engine
-is put to sleep while the update runs (`engine.sleep()` / `wake_up()`). The engine is `hf` or
-`static` (`RAY_ENGINES`); the static engine's fused Q/K/V and gate/up matrices are the storage of
-the module's projection weights, so the in-place copy refreshes them too.
+is put to sleep while the update runs (`engine.sleep()` / `wake_up()`). The engine is `hf`, `static`,
+`vllm` (its engine processes are children of the worker, so vLLM's own torch.distributed world
+stays apart from the trainer's data-parallel group) or `sglang` (`RAY_ENGINES`); the static
+engine's fused Q/K/V and gate/up matrices are the storage of the module's projection weights, so
+the in-place copy refreshes them too.
 
 With `critic.enable` (colocated mode) each worker also holds a shard of PPO's value model
 (`compute_values`, then the critic's update before the policy's in `train`;
@@ -48,18 +50,20 @@ from trainer.distributed.critic_state import (
 from trainer.distributed.sharding import worker_actor_config
 from trainer.errors import ConfigError
 
-# Engines the Ray workers build in-process: interruptible (`InterruptibleEngine`), so partial rollout works.
-RAY_ENGINES = ("hf", "static")
+# Engines a Ray worker can hold. All of them interrupt and continue a generation (fully-async
+# `async.partial_rollout`): hf and static in their host decode loop, vllm and sglang through the
+# engine's own abort and a resubmission of prompt + partial response.
+RAY_ENGINES = ("hf", "static", "vllm", "sglang")
 
 
 def check_supported(cfg: TrainerConfig) -> None:
-    """Features the multi-worker path does not run yet fail up front, naming the field."""
+    """Features the multi-worker path does not run fail up front, in one line naming the field."""
     if cfg.critic.enable and cfg.trainer.mode == "fully_async":
         raise ConfigError("critic.enable: the fully-async path trains no value model (fix: use trainer.mode=colocated "
                           "for PPO with a critic)")
     if cfg.rollout.engine not in RAY_ENGINES:
-        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: the Ray path runs the built-in engines only "
-                          f"(fix: set rollout.engine=hf or rollout.engine=static)")
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: not an engine the Ray path can build "
+                          f"(fix: set rollout.engine to one of {', '.join(RAY_ENGINES)})")
 
 
 class TrainerWorker:

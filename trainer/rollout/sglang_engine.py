@@ -1,45 +1,55 @@
-"""The `sglang` rollout engine: an offline `sglang.Engine`, token ids in and out, weights sent by CUDA IPC.
+"""The `sglang` rollout engine: an offline `sglang.Engine` (SGLang 0.5.23), token ids in and out.
 
-Written against sglang==0.5.3 (the `sglang` extra in pyproject.toml). NOT run in this project yet:
-no GPU machine with SGLang installed was available (see docs/hardware.md). What was checked, and
-how: the calls below were read from SGLang's `python/sglang/srt/entrypoints/engine.py`
-(`Engine(**server_args)`, `generate`, `update_weights_from_tensor`, `release_memory_occupation`,
-`resume_memory_occupation`, `flush_cache`), its sampler (`python/sglang/srt/layers/sampler.py`,
-`SGLANG_RETURN_ORIGINAL_LOGPROB`), `SamplingParams` (temperature < eps becomes top_k=1,
-top_k=-1 means no limit) and from verl's SGLang rollout of the same series
-(`verl/workers/rollout/sglang_rollout/sglang_rollout.py`). The pure functions here are unit-tested
-on CPU with fake engines and SGLang-shaped output dicts (`tests/unit/test_engine_adapters.py`);
-the `Engine` construction itself is not.
+Written against sglang==0.5.23 (the `sglang` extra in pyproject.toml); `build` refuses any other
+version. NOT run in this project: SGLang's CPU backend needs a CPU build of sgl-kernel, which PyPI
+does not ship (only CUDA wheels, no sources), and no GPU machine here can install it
+(docs/hardware.md). The calls below were read from the 0.5.23 wheel
+(`sglang/srt/entrypoints/engine.py`: `Engine(**server_args)`, `generate`,
+`update_weights_from_tensor`, `update_weights_from_distributed`, `release_memory_occupation`,
+`resume_memory_occupation`; `sglang/srt/managers/tokenizer_manager.py`: `abort_request`, batch
+streaming with `index`; `sglang/srt/sampling/sampling_params.py`: `sampling_seed`,
+`no_stop_trim`, top_k=-1 meaning the whole vocabulary; `sglang/srt/layers/sampler.py`:
+`SGLANG_RETURN_ORIGINAL_LOGPROB`). tests/unit/test_engine_adapters.py drives this adapter with a
+fake Engine of those signatures.
 
 How it is driven:
 - `sglang.Engine(model_path=<HF folder>, tp_size, mem_fraction_static, max_running_requests,
   context_length, random_seed, skip_tokenizer_init=True, enable_memory_saver=True, base_gpu_id)`.
   The engine runs its scheduler in subprocesses; this process holds the tokenizer manager.
-- `engine.generate(input_ids=[...], sampling_params={...}, return_logprob=True)` with each prompt
-  repeated n times and `"n": 1` (as verl does: the order of a batched n > 1 request is not part of
-  SGLang's documented output), so output k belongs to prompt k // n. Each output dict carries
+- `engine.generate(input_ids=[row, ...], sampling_params=[{..., "n": 1, "sampling_seed": s}, ...],
+  return_logprob=True, rid=[id, ...])`: one request per response row (each prompt repeated n
+  times), each with its own seed drawn from the engine's `generator`. Each output dict carries
   `output_ids`, `meta_info["output_token_logprobs"]` = [(logprob, token_id, text|None), ...] and
   `meta_info["finish_reason"]` = {"type": "stop" | "length" | "abort", ...}.
-- `update_weights`: tensors (HF names, moved to this GPU, cast to the engine dtype) sent in
-  buckets of about `_BUCKET_BYTES` through `engine.update_weights_from_tensor(named_tensors=...,
-  flush_cache=<last bucket>)`; SGLang serializes them as CUDA IPC handles, one copy per TP rank,
-  and its model loader maps HF names (fused q/k/v, gate/up) itself.
+- Partial rollout (`generate(..., should_stop=fn)`, `continue_generation`): the same call with
+  `stream=True`; SGLang yields cumulative chunks tagged with the request's `index`. `fn()` is
+  checked between chunks; when it returns True every unfinished request is aborted with
+  `engine.tokenizer_manager.abort_request(rid=...)` (SGLang's own abort, the one its HTTP
+  `/abort_request` calls) and the stream is drained, so each row keeps the tokens and log-probs
+  it had, with finish reason "abort". `continue_generation` submits prompt + partial tokens as new
+  requests under the current weights, with the remaining budget.
+- `update_weights`: tensors (HF names, on this GPU, in the engine dtype) sent in buckets of about
+  `_BUCKET_BYTES` through `engine.update_weights_from_tensor(named_tensors=..., flush_cache=<last
+  bucket>)`; SGLang serializes them once per TP rank (CUDA IPC handles) and its loader maps HF
+  names (fused q/k/v, gate/up) itself. A `(False, message)` result raises. The fully-async rollout
+  worker receives the trainer's weights over the project's broadcast group first
+  (trainer/distributed/weight_sync.py) and then calls this same method;
+  `update_weights_from_distributed` (SGLang joining the trainer's NCCL group) is not used.
 - `sleep`: `release_memory_occupation()` frees KV cache and weights (their content is lost);
   `wake_up`: `resume_memory_occupation()`. The trainer re-syncs weights after waking, so
   `generate` refuses to run on released weights until `update_weights` has run.
 
-Log-probabilities: SGLang 0.5.3 returns, by default, `log(softmax(logits / T))` of the sampled
-token, taken before the top-k/top-p filters: the trainer's definition. Setting the environment
-variable `SGLANG_RETURN_ORIGINAL_LOGPROB` (older name `RETURN_ORIGINAL_LOGPROB`) makes it return
-the pre-temperature `log_softmax(logits)`, so `build` refuses to start with it on. Greedy requests
-become top_k=1 at temperature 1, so the value is `log_softmax(logits)`, the `hf` engine's greedy
-convention. What remains is numerics (kernels, dtypes), measured by `training/rollout_probs_diff_*`.
+Log-probabilities: SGLang 0.5.23 returns `log_softmax(logits / T)` of the sampled token (or
+`log(softmax(logits / T))`), taken before the top-k/top-p filters: the trainer's definition.
+`SGLANG_RETURN_ORIGINAL_LOGPROB` makes it return the pre-temperature `log_softmax(logits)`, so
+`build` refuses to start with it on. Greedy requests (all greedy in a batch) report
+`log_softmax(logits)`, the `hf` engine's greedy convention.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -55,23 +65,35 @@ from trainer.rollout.vllm_engine import (
     require_cuda,
 )
 
+SUPPORTED_VERSION = "0.5.23"
 _BUCKET_BYTES = 512 << 20
 _ORIGINAL_LOGPROB_VARS = ("SGLANG_RETURN_ORIGINAL_LOGPROB", "RETURN_ORIGINAL_LOGPROB")
 
 
-def sglang_sampling_params(params: SamplingParams, eos_ids: list[int]) -> dict[str, Any]:
-    """SGLang's `sampling_params` dict for one request (n=1: prompts are repeated instead)."""
+def check_version(version: str) -> None:
+    """Refuse an SGLang other than the release this adapter is written against."""
+    if version.split("+")[0] != SUPPORTED_VERSION and not version.startswith(SUPPORTED_VERSION + ".post"):
+        raise ConfigError(f"rollout.engine=sglang: sglang {version} is installed, this adapter is written against "
+                          f"sglang {SUPPORTED_VERSION} (fix: pip install 'rlbench[sglang]')")
+
+
+def sglang_sampling_params(params: SamplingParams, eos_ids: list[int], max_new_tokens: int | None = None,
+                           seed: int | None = None) -> dict[str, Any]:
+    """SGLang's `sampling_params` dict for one request row (n=1: prompts are repeated instead)."""
     greedy = params.greedy
-    return {
+    out: dict[str, Any] = {
         "n": 1,
         "temperature": 0.0 if greedy else float(params.temperature),
         "top_p": 1.0 if greedy else float(params.top_p),
         "top_k": -1 if greedy or params.top_k <= 0 else int(params.top_k),
-        "max_new_tokens": int(params.max_new_tokens),
+        "max_new_tokens": int(params.max_new_tokens if max_new_tokens is None else max_new_tokens),
         "stop_token_ids": sorted(set(eos_ids) | set(params.stop_token_ids)),
         "ignore_eos": False,
         "no_stop_trim": True,  # keep the stop token in the output, as the other engines do
     }
+    if seed is not None:
+        out["sampling_seed"] = int(seed)
+    return out
 
 
 def check_logprob_env(environ: Mapping[str, str]) -> None:
@@ -82,29 +104,37 @@ def check_logprob_env(environ: Mapping[str, str]) -> None:
                               f"report log-probs before temperature (fix: unset {var})")
 
 
+def parse_output(out: dict[str, Any], where: str) -> tuple[list[int], list[float], str | None]:
+    """(token ids, log-probs, finish reason or None while streaming) of one SGLang output dict."""
+    meta = out["meta_info"]
+    triples = meta.get("output_token_logprobs")
+    if triples is None:
+        raise ValueError(f"{where}: no meta_info.output_token_logprobs (needs return_logprob=True)")
+    ids = [int(t[1]) for t in triples]
+    got = out.get("output_ids")
+    if got is not None and list(got) != ids:
+        raise ValueError(f"{where}: output_ids disagree with the token ids of output_token_logprobs")
+    reason = meta.get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason
+    return ids, [float(t[0]) for t in triples], None if kind is None else normalize_finish_reason(kind, where)
+
+
 def rollout_from_sglang(prompts: list[list[int]], outputs: list[dict[str, Any]], n: int, version: int) -> Rollout:
     """Our `Rollout` from SGLang output dicts for `prompts` each repeated `n` times (prompt-major)."""
     if len(outputs) != len(prompts) * n:
         raise ValueError(f"sglang returned {len(outputs)} outputs for {len(prompts)} prompts x n={n}")
     prompt_ids, response_ids, logps, finish = [], [], [], []
     for j, out in enumerate(outputs):
-        meta = out["meta_info"]
-        triples = meta.get("output_token_logprobs")
-        if triples is None:
-            raise ValueError(f"sglang output {j}: no meta_info.output_token_logprobs (needs return_logprob=True)")
-        ids = [int(t[1]) for t in triples]
-        got = out.get("output_ids")
-        if got is not None and list(got) != ids:
-            raise ValueError(f"sglang output {j}: output_ids disagree with the token ids of output_token_logprobs")
-        reason = meta.get("finish_reason")
+        ids, lps, reason = parse_output(out, f"sglang output {j}")
+        if reason is None:
+            raise ValueError(f"sglang output {j}: no finish reason")
         prompt_ids.append(list(prompts[j // n]))
         response_ids.append(ids)
-        logps.append([float(t[0]) for t in triples])
-        kind = reason.get("type") if isinstance(reason, dict) else reason
-        finish.append(normalize_finish_reason(kind, f"sglang output {j}"))
+        logps.append(lps)
+        finish.append(reason)
     return Rollout(prompt_ids=prompt_ids, response_ids=response_ids, response_logprobs=logps,
                    finish_reasons=finish, group_index=[j // n for j in range(len(outputs))],
-                   policy_version=[version] * len(outputs))
+                   policy_version=[version] * len(outputs), token_versions=[[version] * len(t) for t in response_ids])
 
 
 def weight_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
@@ -155,25 +185,87 @@ class SGLangRolloutEngine(RolloutEngine):
     name = "sglang"
 
     def __init__(self, engine: Any, *, eos_token_ids: list[int], dtype: torch.dtype | None = None,
-                 device: torch.device | None = None, bucket_bytes: int = _BUCKET_BYTES):
+                 device: torch.device | None = None, bucket_bytes: int = _BUCKET_BYTES, seed: int = 0):
         self.engine = engine
         self.eos_token_ids = list(eos_token_ids)
         self.dtype = dtype
         self.device = device
         self.bucket_bytes = bucket_bytes
+        self.generator = torch.Generator().manual_seed(seed)
         self.version = 0
         self._asleep = False
         self._weights_released = False
+        self._calls = 0
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
+    def _check_awake(self) -> None:
         if self._asleep:
             raise RuntimeError("sglang engine is asleep: call wake_up() before generate()")
         if self._weights_released:
             raise RuntimeError("sglang engine weights were released by sleep(): call update_weights() first")
-        rows = [list(p) for p in prompts for _ in range(params.n)]
-        outputs = self.engine.generate(input_ids=rows, sampling_params=sglang_sampling_params(params, self.eos_token_ids),
-                                       return_logprob=True)
-        return rollout_from_sglang(prompts, list(outputs), params.n, self.version)
+
+    def run_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                 should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+        """Continue each token row by at most `budgets[i]` tokens (one request each); "abort" rows were
+        interrupted by `should_stop`."""
+        self._check_awake()
+        self._calls += 1
+        rids = [f"rlbench-{self._calls}-{i}" for i in range(len(rows))]
+        sps = [sglang_sampling_params(params, self.eos_token_ids, b,
+                                      seed=int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator)))
+               for b in budgets]
+        if should_stop is None:
+            outputs = list(self.engine.generate(input_ids=rows, sampling_params=sps, return_logprob=True, rid=rids))
+            parsed = [parse_output(o, f"sglang output {j}") for j, o in enumerate(outputs)]
+        else:
+            latest: list[dict[str, Any] | None] = [None] * len(rows)
+            done = [False] * len(rows)
+            aborted = False
+            for chunk in self.engine.generate(input_ids=rows, sampling_params=sps, return_logprob=True, rid=rids,
+                                              stream=True):
+                i = int(chunk["index"])
+                latest[i] = chunk
+                done[i] = parse_output(chunk, f"sglang output {i}")[2] is not None
+                if not aborted and not all(done) and should_stop():
+                    for j, rid in enumerate(rids):
+                        if not done[j]:
+                            self.engine.tokenizer_manager.abort_request(rid=rid)
+                    aborted = True  # keep reading: aborted requests end with finish reason "abort"
+            parsed = [parse_output(o, f"sglang output {j}") if o is not None else ([], [], "abort")
+                      for j, o in enumerate(latest)]
+        if len(parsed) != len(rows):
+            raise ValueError(f"sglang returned {len(parsed)} outputs for {len(rows)} requests")
+        for j, (_, _, reason) in enumerate(parsed):
+            if reason is None:
+                raise ValueError(f"sglang output {j}: no finish reason")
+        return [p[0] for p in parsed], [p[1] for p in parsed], [str(p[2]) for p in parsed]
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 should_stop: Callable[[], bool] | None = None) -> Rollout:
+        n = params.n
+        rows = [list(p) for p in prompts for _ in range(n)]
+        tokens, logps, finish = self.run_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop)
+        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
+                       token_versions=[[self.version] * len(t) for t in tokens])
+
+    def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
+                            partial_logprobs: list[list[float]], params: SamplingParams, *,
+                            should_stop: Callable[[], bool] | None = None,
+                            partial_versions: list[list[int]] | None = None) -> Rollout:
+        """Resume interrupted responses (one row each) under the current weights; partial tokens keep
+        their log-probs and versions."""
+        budgets = [params.max_new_tokens - len(p) for p in partial_ids]
+        if min(budgets, default=1) < 1:
+            raise ValueError("continue_generation: a partial response already has max_new_tokens tokens")
+        versions = partial_versions if partial_versions is not None else [[self.version] * len(p) for p in partial_ids]
+        rows = [list(p) + list(r) for p, r in zip(prompts, partial_ids)]
+        new_tokens, new_logps, finish = self.run_rows(rows, budgets, params, should_stop)
+        return Rollout(prompt_ids=[list(p) for p in prompts],
+                       response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
+                       response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
+                       finish_reasons=finish, group_index=list(range(len(rows))),
+                       policy_version=[self.version] * len(rows),
+                       token_versions=[list(v) + [self.version] * len(t) for v, t in zip(versions, new_tokens)])
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -223,8 +315,13 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
         import sglang
     except ImportError as e:
         raise missing_engine_error("sglang", e) from None
+    check_version(str(getattr(sglang, "__version__", "unknown")))
     require_cuda("sglang", device)
     check_logprob_env(os.environ if environ is None else environ)
+    from trainer.rollout.vllm_engine import check_tensor_parallel
+
+    check_tensor_parallel(cfg.rollout.tensor_parallel_size, device)
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer)
     engine = sglang.Engine(**engine_kwargs(cfg, model_dir, device))
-    return SGLangRolloutEngine(engine, eos_token_ids=eos_ids, dtype=resolve_dtype(cfg.model.dtype), device=device)
+    return SGLangRolloutEngine(engine, eos_token_ids=eos_ids, dtype=resolve_dtype(cfg.model.dtype), device=device,
+                               seed=cfg.trainer.seed)
