@@ -32,6 +32,7 @@ from __future__ import annotations
 import ast
 import math
 import re
+from dataclasses import dataclass
 from typing import Any
 
 # One record's text may not grow past this (a verl step line is a few kB; Miles dicts the same).
@@ -92,35 +93,47 @@ def parse_scalar(text: str) -> float | None:
 
 
 # ---------------------------------------------------------------------------- verl
-def _parse_record(text: str) -> tuple[int, list[tuple[str, str]], str] | None:
-    """(step, complete items, open tail) of a record's text `step:N - k:v - ...`; None if off-grammar."""
-    m = _STEP.match(text)
-    if not m:
-        return None
-    pos, items = m.end(), []
-    if pos < len(text) and text[pos].isdigit():
-        return None
+@dataclass
+class _Parsed:
+    step: int
+    step_end: int  # where the text after "step:N" begins
+    items: list[tuple[str, str]]  # complete (key, value text) items
+    starts: list[int]  # where each item (its separator) starts in the text
+    tail: str  # what is left open at the end ("" when the text ends with a complete item)
+    tail_pos: int
+
+
+def _parse_record(text: str, resume: _Parsed | None = None) -> _Parsed | None:
+    """The record's text `step:N - k:v - ...` parsed; None if off-grammar. `resume`: the parse of a
+    prefix of `text`, continued from its last item (items before it cannot change by appending)."""
+    if resume is not None and (resume.items or resume.tail):
+        keep = len(resume.items) if resume.tail else len(resume.items) - 1
+        pos = resume.tail_pos if resume.tail else resume.starts[-1]
+        step, step_end = resume.step, resume.step_end
+        items, starts = resume.items[:keep], resume.starts[:keep]
+    else:
+        m = _STEP.match(text)
+        if not m:
+            return None
+        pos, items, starts = m.end(), [], []
+        if pos < len(text) and text[pos].isdigit():
+            return None
+        step, step_end = int(m.group("step")), m.end()
     while True:
         it = _ITEM.match(text, pos)
         if not it:
             break
         items.append((it.group("key"), it.group("val")))
+        starts.append(pos)
         pos = it.end()
     tail = text[pos:]
     if not _OPEN_TAIL.fullmatch(tail):
         return None
     if not tail and items and _WORD_PREFIX.fullmatch(items[-1][1]):
-        key, val = items.pop()  # "nan" broken after "n": the value is still open
-        tail = text[_last_item_start(text, key, val):]
-    return int(m.group("step")), items, tail
-
-
-def _last_item_start(text: str, key: str, val: str) -> int:
-    """Where the separator before the last item `key:val` (at the end of `text`) starts."""
-    j = len(text) - len(f"{key}:{val}")
-    while j > 0 and text[j - 1] in " -":
-        j -= 1
-    return j
+        items.pop()  # "nan" broken after "n": the value is still open
+        pos = starts.pop()
+        tail = text[pos:]
+    return _Parsed(step, step_end, items, starts, tail, pos)
 
 
 def verl_record_start(line: str) -> int | None:
@@ -140,36 +153,34 @@ class _Record:
     @property
     def tail(self) -> str:
         assert self.parsed is not None
-        return self.parsed[2]
+        return self.parsed.tail
 
     def extend(self, line: str, line_no: int) -> str | None:
         """Join `line` if the joined text stays in the grammar; '' or a warning when joined, None if not."""
         assert self.parsed is not None
-        step, items, _ = self.parsed
+        step, items = self.parsed.step, self.parsed.items
         for cont in dict.fromkeys((line, _RAY_PREFIX.sub("", line, count=1))):
             if not cont.strip():
                 continue
             joined = self.text + cont
             if len(joined) > MAX_RECORD_CHARS:
                 return None
-            parsed = _parse_record(joined)
+            parsed = _parse_record(joined, self.parsed)
             if parsed is None:
                 continue
-            if parsed[0] != step and (items or self.tail.strip() or not cont[:1].isdigit()):
+            if parsed.step != step and (items or self.tail.strip() or not cont[:1].isdigit()):
                 continue  # only "step:1" + "23 - ..." (the step number itself wrapped) may change it
-            new_items = parsed[1]
+            new_items = parsed.items
             if not self._keeps(new_items):
                 continue
-            gained = len(new_items) > len(items) or len(parsed[2].strip()) > len(self.tail.strip())
+            gained = len(new_items) > len(items) or len(parsed.tail.strip()) > len(self.tail.strip())
             changed = new_items[: len(items)] != items
             if not gained and not changed:
                 continue
             note = ""
-            if changed and len(new_items) == len(items) and not parsed[2].strip():
+            if changed and len(new_items) == len(items) and not parsed.tail.strip():
                 key = items[-1][0] if items else "step"
-                note = (f"line {line_no}: {cont.strip()[:40]!r} read as the rest of step {step}'s value of "
-                        f"{key!r} (a number wrapped at the line break); check line {line_no} if it was "
-                        "separate output")
+                note = f"line {line_no}: {cont.strip()[:40]!r} read as the rest of step {step}'s value of {key!r}"
             self.text, self.parsed, self.last = joined, parsed, line_no
             return note
         return None
@@ -178,7 +189,7 @@ class _Record:
     def _keeps(self, new_items: list[tuple[str, str]]) -> bool:
         """The joined text keeps every complete item; only the last may grow, and stay a number."""
         assert self.parsed is not None
-        items = self.parsed[1]
+        items = self.parsed.items
         if not items:
             return True
         if len(new_items) < len(items) or new_items[: len(items) - 1] != items[: len(items) - 1]:
@@ -194,7 +205,7 @@ class _Record:
 def _close_verl(rec: _Record, rows: dict[int, dict[str, Any]], warnings: list[str],
                 steps_seen: list[tuple[int, int]]) -> None:
     assert rec.parsed is not None
-    step, items, tail = rec.parsed
+    step, items, tail = rec.parsed.step, rec.parsed.items, rec.parsed.tail
     where = f"line {rec.last}" if rec.first == rec.last else f"lines {rec.first}-{rec.last}"
     values: dict[str, float] = {}
     for key, text in items:
@@ -219,6 +230,7 @@ def read_verl_console(lines: list[str], warnings: list[str],
     rec: _Record | None = None
     head: tuple[str, int] | None = None  # a line ending in "st" / "step:" (a record's start broken)
     orphans: list[int] = []
+    tails: list[str] = []  # a number's last characters alone on the next line, joined to it
     for i, raw in enumerate(lines, start=1):
         if not raw:
             if rec is not None:
@@ -232,12 +244,12 @@ def read_verl_console(lines: list[str], warnings: list[str],
             # (global_step is the step itself, so the glued value equals the open record's step)
             tail = rec.tail.strip()
             glue_key = (start == 0 and tail.startswith("-") and ":" not in tail and tail[-1:] not in "- "
-                        and rec.parsed is not None and _step_of_text(line) == rec.parsed[0])
+                        and rec.parsed is not None and _step_of_text(line) == rec.parsed.step)
             if start is None or glue_key:
                 note = rec.extend(line, i)
                 if note is not None:
                     if note:
-                        warnings.append(note)
+                        tails.append(note)
                     continue
             _close_verl(rec, rows, warnings, steps_seen)
             rec = None
@@ -255,6 +267,10 @@ def read_verl_console(lines: list[str], warnings: list[str],
             head = (m.group(0), i) if m else None
     if rec is not None:
         _close_verl(rec, rows, warnings, steps_seen)
+    if tails:
+        more = f" (and {len(tails) - 3} more lines like it)" if len(tails) > 3 else ""
+        warnings.append(f"{'; '.join(tails[:3])}{more}: a number wrapped at the line break, its end alone on the "
+                        "next line; check those lines if they were separate output")
     if orphans:
         shown = ", ".join(map(str, orphans[:5])) + (f" and {len(orphans) - 5} more" if len(orphans) > 5 else "")
         warnings.append(f"line {shown}: ' - key:value' items outside any step record (another line came "

@@ -251,15 +251,20 @@ def detect_format(lines: list[str], path: Path) -> str:
         return "rlbench"
     # Console logs: read the head with each reader (records may be wrapped over several lines);
     # the format whose first record comes first wins.
-    head = lines[:_DETECT_LINES]
-    verl_seen: list[tuple[int, int]] = []
-    read_verl_console(head, [], verl_seen)
-    miles_seen: list[int] = []
-    read_miles_console(head, [], lambda rec, kind, rid, where: miles_seen.append(int(where.split()[-1].split("-")[0])))
-    firsts = {"verl-console": min((ln for _, ln in verl_seen), default=None), "miles-console": min(miles_seen, default=None)}
-    found = {k: v for k, v in firsts.items() if v is not None}
-    if found:
-        return min(found, key=lambda k: found[k])
+    for size in (200, _DETECT_LINES):  # most logs show a record in their first lines
+        head = lines[:size]
+        verl_seen: list[tuple[int, int]] = []
+        read_verl_console(head, [], verl_seen)
+        miles_seen: list[int] = []
+        read_miles_console(head, [], lambda rec, kind, rid, where: miles_seen.append(
+            int(where.split()[-1].split("-")[0])))
+        firsts = {"verl-console": min((ln for _, ln in verl_seen), default=None),
+                  "miles-console": min(miles_seen, default=None)}
+        found = {k: v for k, v in firsts.items() if v is not None}
+        if found:
+            return min(found, key=lambda k: found[k])
+        if len(lines) <= size:
+            break
     raise DataError(
         f"{path}: no recognizable metrics found; accepted formats are {', '.join(FORMATS)} "
         "(see rlbench.ingest); pass fmt= if detection is wrong"

@@ -247,8 +247,8 @@ def test_binary_empty_and_directory_logs_are_refused(tmp_path: Path) -> None:
 def test_number_tail_alone_on_a_line_is_joined_and_named(tmp_path: Path) -> None:
     log = load_metrics(_write(tmp_path / "tail.log", ["step:1 - a/x:0.5 - a/y:368.9", "02", "step:2 - a/x:1"]))
     assert log.frame.loc[1, "a/y"] == 368.902
-    assert log.warnings == ["line 2: '02' read as the rest of step 1's value of 'a/y' (a number wrapped at the line "
-                            "break); check line 2 if it was separate output"]
+    assert log.warnings == ["line 2: '02' read as the rest of step 1's value of 'a/y': a number wrapped at the line "
+                            "break, its end alone on the next line; check those lines if they were separate output"]
 
 
 def test_miles_record_with_an_unreadable_dict_is_named(tmp_path: Path) -> None:
