@@ -232,9 +232,9 @@ class TrainerConfig(_Section):
         if self.algorithm.name == "ppo" and not self.critic.enable:
             raise ValueError("algorithm.name=ppo needs a value model (fix: set critic.enable=true)")
         t = self.trainer
-        if self.agent.enable and (t.mode != "colocated" or t.use_ray or t.n_gpus_per_node * t.nnodes > 1):
-            raise ValueError("agent.enable=true runs in the single-process colocated loop only (fix: set "
-                             "trainer.mode=colocated, trainer.use_ray=false and one device, or agent.enable=false)")
+        if self.agent.enable and t.mode != "colocated":
+            raise ValueError("agent.enable=true runs in the colocated mode only (single-process or Ray workers; fix: "
+                             "set trainer.mode=colocated, or agent.enable=false)")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -68,11 +68,9 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
     torch.manual_seed(cfg.trainer.seed)
     train_rows, val_rows = load_split(cfg.data)
     if cfg.agent.enable:  # tool-use prompts: the call format in a system message, the agent's reward
-        from trainer.agent.prompts import TOOL_SYSTEM_PROMPT, with_tool_prompt
+        from trainer.agent.prompts import agent_rows
 
-        system = TOOL_SYSTEM_PROMPT if cfg.agent.system_prompt == "builtin" else cfg.agent.system_prompt
-        train_rows, val_rows = (with_tool_prompt(rows, system_prompt=system, data_source=cfg.agent.data_source)
-                                for rows in (train_rows, val_rows))
+        train_rows, val_rows = agent_rows(cfg.agent, train_rows, val_rows)
     # Load data before the model: a bad dataset path fails in a second, not after a model load.
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
     train = PromptDataset(train_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,

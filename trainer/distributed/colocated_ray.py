@@ -13,8 +13,8 @@ single-process loop in `trainer/modes/colocated.py` stays the default for one CP
              asleep)                                      -> timing_s/update_critic, timing_s/update_actor
     workers: in-process weight sync, FSDP all-gather -> engine      -> timing_s/update_weights
     validation every test_freq (prompts split over the workers)
-    checkpoint every save_freq                                      -> timing_s/save_checkpoint
-    metrics line
+    checkpoint every save_freq (written)                            -> timing_s/save_checkpoint
+    metrics line, then the checkpoint committed (trainer/checkpoint.py: a kill loses no line)
     end: each worker's engine facts (graph capture, errors) -> engine.json beside metrics.jsonl
 
 DAPO dynamic sampling (`algorithm.dynamic_sampling`) repeats the generate call and filters groups
@@ -89,7 +89,9 @@ def validate_on(group: Any, val_data: Any, cfg: TrainerConfig, pad_token_id: int
 
 def train_colocated_ray(cfg: TrainerConfig) -> Path:
     from trainer.data.dataset import PromptDataset
-    from trainer.distributed.cluster import WorkerDiedError, init_ray, uses_gpu, write_failure
+    from trainer.checkpoint import finish_step
+    from trainer.distributed.cluster import WorkerDiedError, get, init_ray, uses_gpu, write_failure
+    from trainer.faults import fault_point
     from trainer.distributed.trainer_group import (
         TrainerGroup,
         add_advantages,
@@ -99,13 +101,14 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
     )
     from trainer.distributed.trainer_worker import check_supported
     from trainer.models import load_tokenizer
-    from trainer.steps import collect_scored_batch, load_split
+    from trainer.agent.prompts import agent_rows
+    from trainer.steps import collect_scored_batch, load_split, turn_metrics
 
     check_supported(cfg)
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
     out_dir = Path(cfg.trainer.out_dir)
     writer = MetricsWriter(out_dir / "metrics.jsonl")
-    train_rows, val_rows = load_split(cfg.data)
+    train_rows, val_rows = agent_rows(cfg.agent, *load_split(cfg.data))  # tool-use prompts when agent.enable
     tokenizer = load_tokenizer(cfg.model)
     pad = int(tokenizer.pad_token_id)
     train = PromptDataset(train_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
@@ -133,7 +136,9 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
 
         def next_scored(ctx: str) -> Batch:  # one generate call: the step's prompts split over the workers' engines
             parts = _split(train.next_batch(), world)
-            return _gather(group.call_all_args("generate", [(p, False) for p in parts], context=ctx), pad)
+            refs = [w.generate.remote(p, False) for w, p in zip(group.workers, parts)]
+            fault_point("rollout", step)  # test-only: the driver killed while the workers generate
+            return _gather(get(refs, what="a trainer worker", context=ctx), pad)
 
         if start == 0 and cfg.trainer.test_freq > 0:
             t0 = time.perf_counter()
@@ -149,6 +154,7 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
             batch, gen_stats = collect_scored_batch(partial(next_scored, ctx), cfg, pad_token_id=pad,
                                                     multiple_of=cfg.actor.ppo_mini_batch_size)
             metrics.update(gen_stats)
+            metrics.update(turn_metrics(batch))  # multi-turn tool use: num_turns/*, agent/*, timing_s/tool
             metrics["timing_s/gen"] = time.perf_counter() - t0
             if cfg.critic.enable:  # PPO: values on the workers' shards, gathered for GAE on the driver
                 metrics.update(group.compute_values(batch, context=ctx))
@@ -156,6 +162,7 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
             add_advantages(batch, cfg)
             metrics["timing_s/adv"] = time.perf_counter() - t0
             metrics.update(group.train(batch, context=ctx))
+            fault_point("update", step)
             metrics.update(rollout_mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
             t0 = time.perf_counter()
             group.call_all("update_local_engine", context=ctx)
@@ -166,16 +173,17 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
                 metrics.update(v)
                 metrics["timing_s/testing"] = time.perf_counter() - t0
                 progress.update_val(v)
+            pending = None  # committed after the step's metrics line (trainer/checkpoint.py)
             if cfg.trainer.save_freq > 0 and (step % cfg.trainer.save_freq == 0 or step == cfg.trainer.total_steps):
                 t0 = time.perf_counter()
-                save_group_checkpoint(group, out_dir, step, {"data": train.state_dict()},
+                pending = save_group_checkpoint(group, out_dir, step, {"data": train.state_dict()},
                                       keep=cfg.trainer.max_checkpoints, context=ctx)
                 metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
             step_s = time.perf_counter() - t_step
             metrics["timing_s/step"] = step_s
             metrics["training/epoch"] = train.epoch
             metrics.update(step_metrics(batch, cfg, step=step, step_s=step_s, num_devices=world))
-            writer.write(step, metrics)
+            finish_step(writer, step, metrics, pending)
             progress.step(metrics)
         progress.close()
         facts = group.call_all("engine_facts", context="after training")

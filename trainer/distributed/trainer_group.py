@@ -19,7 +19,7 @@ import torch
 
 from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from trainer.batch import Batch
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import PendingCheckpoint, announce_resume, load_checkpoint, prepare_checkpoint, resume_or_start
 from trainer.config import TrainerConfig
 from trainer.distributed.cluster import bundle_options, get, placement_group_for
 from trainer.distributed.sharding import check_divisible, shard_batch, unshard_rows
@@ -121,23 +121,23 @@ def step_metrics(batch: Batch, cfg: TrainerConfig, *, step: int, step_s: float, 
 
 
 def save_group_checkpoint(group: TrainerGroup, out_dir: Path, step: int, state: dict[str, Any], *, keep: int,
-                          context: str) -> Path:
-    """Checkpoint `step`: the driver's `state` plus every worker's (`TrainerWorker.save_state`)."""
+                          context: str) -> PendingCheckpoint:
+    """Checkpoint `step`: the driver's `state` plus every worker's (`TrainerWorker.save_state`), written but
+    not committed (`trainer.checkpoint.finish_step` commits it after the step's metrics line)."""
 
     def write_files(folder: Path) -> dict[str, Any]:
         return {"world_size": group.world,
                 "workers": group.call_all("save_state", str(folder), context=f"{context} while saving")}
 
-    return save_checkpoint(out_dir, step, state, keep=keep, write_files=write_files)
+    return prepare_checkpoint(out_dir, step, state, keep=keep, write_files=write_files)
 
 
 def load_group_checkpoint(group: TrainerGroup, cfg: TrainerConfig, writer: MetricsWriter, *, version_of: Any = None
                           ) -> dict[str, Any] | None:
     """Restore the newest checkpoint in out_dir on every worker (when resuming); the driver's state, or
     None for a fresh run. `version_of(state)` is the engines' policy version (default: the step)."""
-    ckpt = latest_checkpoint(cfg.trainer.out_dir) if cfg.trainer.resume else None
+    ckpt = resume_or_start(cfg.trainer.out_dir, writer.path, resume=cfg.trainer.resume)
     if ckpt is None:
-        writer.truncate_after(-1)  # a fresh run starts a fresh log
         return None
     state = load_checkpoint(ckpt)
     if state.get("world_size") != group.world:
@@ -146,5 +146,5 @@ def load_group_checkpoint(group: TrainerGroup, cfg: TrainerConfig, writer: Metri
     version = int(state["step"]) if version_of is None else int(version_of(state))
     group.call_all_args("load_state", [(str(ckpt), ws, version) for ws in state["workers"]],
                         context=f"while loading {ckpt}")
-    writer.truncate_after(int(state["step"]))
+    announce_resume(ckpt, int(state["step"]), cfg.trainer.total_steps, writer.path)
     return state

@@ -53,9 +53,10 @@ import time
 from pathlib import Path
 
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
-from trainer.checkpoint import checkpoint_root
+from trainer.checkpoint import checkpoint_root, finish_step
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError, RLBenchError
+from trainer.faults import fault_point
 from trainer.metrics import MetricsWriter
 from trainer.progress import Progress
 
@@ -155,6 +156,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
             # 1. wait for `required` groups from the queue (verl logs this wait as timing_s/gen)
             groups, qstats = get(rollouter.get_groups.remote(required), what="rollout worker", context=ctx)
             t_wait = time.perf_counter() - t_step
+            fault_point("rollout", step)
             metrics.update(qstats)
             batch = merge_groups(groups, pad_token_id)
             # 2. advantages, update
@@ -183,6 +185,8 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                 "fully_async/partial/max_partial_span": float(max(spans)),
                 "fully_async/partial/interrupted_groups": float(sum(1 for g, _ in groups if g["interrupted"])),
             })
+            fault_point("update", step)
+            pending = None  # a checkpoint is committed after the step's metrics line (trainer/checkpoint.py)
             # 4. weight sync every trigger_parameter_sync_step updates (and after the last one)
             if step % a.trigger_parameter_sync_step == 0 or step == cfg.trainer.total_steps:
                 version += 1
@@ -203,7 +207,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                 if f > 0 and (step // f > last_save_step // f or step == cfg.trainer.total_steps):
                     t0 = time.perf_counter()  # parked rollouter, weights in sync: a consistent cut
                     ro = get(rollouter.checkpoint_state.remote(), what="rollout worker", context=ctx)
-                    save_group_checkpoint(trainers, out_dir, step, {
+                    pending = save_group_checkpoint(trainers, out_dir, step, {
                         "version": version, "stale_groups_total": stale_groups_total, "rollouter": ro},
                         keep=cfg.trainer.max_checkpoints, context=ctx)
                     metrics["timing_s/save_checkpoint"] = time.perf_counter() - t0
@@ -215,7 +219,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
             metrics.update(step_metrics(batch, cfg, step=step, step_s=step_s, num_devices=num_devices))
             metrics.update({"timing_s/gen": t_wait, "timing_s/adv": t_adv, "timing_s/step": step_s,
                             "fully_async/trainer/idle_ratio": t_wait / step_s})
-            writer.write(step, metrics)
+            finish_step(writer, step, metrics, pending)
             progress.step(metrics)
         progress.close()
         get(rollouter.stop.remote(), what="rollout worker", context="while stopping")
