@@ -29,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     except RLBenchError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("interrupted: the metrics and checkpoints written so far are kept; rerun the same command to "
+              "resume", file=sys.stderr)
+        return 130
     print(f"metrics: {path}")
     return 0
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,12 @@ from trainer.errors import DataError
 log = logging.getLogger(__name__)
 
 _SUFFIXES = (".parquet", ".jsonl", ".json")
+ROLES = ("system", "user", "assistant", "tool")
+# Size guards: a .jsonl line over MAX_ROW_BYTES is dropped unread (bounded memory), and a prompt whose
+# text is over MAX_CHARS_PER_TOKEN characters per allowed token is counted overlong without tokenizing
+# (bounded time: a 20 MB prompt is not fed to the chat template to find out it does not fit).
+MAX_ROW_BYTES = 16 << 20
+MAX_CHARS_PER_TOKEN = 32
 
 
 def to_python(value: Any) -> Any:
@@ -71,11 +78,12 @@ def validate_row(row: Any, where: str, base_dir: Path | None = None) -> dict[str
     """One row checked and normalized; `where` is ``"<field>: <path> row <i>"`` for messages;
     `base_dir` resolves relative image paths."""
     if not isinstance(row, Mapping):
-        raise DataError(f"{where}: must be a mapping with data_source, prompt, reward_model (got {type(row).__name__})")
+        raise DataError(f"{where}: must be a mapping with data_source, prompt, reward_model (got {type(row).__name__}) (fix: one JSON object per row, in verl's format)")
     row = to_python(row)
     source = row.get("data_source")
     if not isinstance(source, str) or not source:
-        raise DataError(f"{where}: 'data_source' must be a non-empty string naming the reward function")
+        raise DataError(f"{where}: 'data_source' must be a non-empty string naming the reward function "
+                        "(fix: e.g. 'openai/gsm8k'; trainer.rewards.known_data_sources() lists them)")
     prompt = row.get("prompt")
     if (
         not isinstance(prompt, list)
@@ -83,18 +91,34 @@ def validate_row(row: Any, where: str, base_dir: Path | None = None) -> dict[str
         or not all(isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
                    for m in prompt)
     ):
-        raise DataError(f"{where}: 'prompt' must be a list of {{role, content}} messages")
+        bad = next((j for j, m in enumerate(prompt) if not (isinstance(m, Mapping) and isinstance(m.get("role"), str)
+                                                             and isinstance(m.get("content"), str))), None) \
+            if isinstance(prompt, list) else None
+        at = f" (message {bad} is not {{role: str, content: str}})" if bad is not None else ""
+        raise DataError(f"{where}: 'prompt' must be a list of {{role, content}} messages{at} "
+                        "(fix: at least one, e.g. [{\"role\": \"user\", \"content\": \"What is 2 + 2?\"}])")
+    for j, m in enumerate(prompt):
+        if m["role"] not in ROLES:
+            raise DataError(f"{where}: 'prompt[{j}].role' is {m['role']!r}, not a chat role (fix: use one of "
+                            f"{', '.join(ROLES)})")
     reward_model = row.get("reward_model")
     if not isinstance(reward_model, Mapping) or "ground_truth" not in reward_model:
-        raise DataError(f"{where}: 'reward_model' must be a mapping with a 'ground_truth' key")
+        raise DataError(f"{where}: 'reward_model' must be a mapping with a 'ground_truth' key "
+                        "(fix: e.g. {\"style\": \"rule\", \"ground_truth\": \"72\"})")
     truth = reward_model["ground_truth"]
     if isinstance(truth, bool) or not isinstance(truth, (str, int, float)):
-        raise DataError(f"{where}: 'reward_model.ground_truth' must be a string or number, got {type(truth).__name__}")
+        raise DataError(f"{where}: 'reward_model.ground_truth' must be a string or number, got {type(truth).__name__} (fix: the answer as a string, e.g. \"72\")")
+    if isinstance(truth, float) and not math.isfinite(truth):
+        raise DataError(f"{where}: 'reward_model.ground_truth' is {truth}, no answer can match it (fix: give the "
+                        "row its real answer, or drop the row)")
+    if isinstance(truth, str) and (not truth.strip() or truth.strip().lower() in ("nan", "none", "null")):
+        raise DataError(f"{where}: 'reward_model.ground_truth' is {truth!r}, no answer can match it (fix: give the "
+                        "row its real answer, or drop the row)")
     extra_info = row.get("extra_info")
     if extra_info is None:
         extra_info = {}
     if not isinstance(extra_info, Mapping):
-        raise DataError(f"{where}: 'extra_info' must be a mapping or absent")
+        raise DataError(f"{where}: 'extra_info' must be a mapping or absent (fix: e.g. {{\"index\": 0}}, or drop it)")
     ability = row.get("ability")
     images = validate_images(row, prompt, where, base_dir)
     return {
@@ -121,25 +145,49 @@ def _read_file(path: Path, where: str) -> list[Any]:
             import pandas as pd
 
             return pd.read_parquet(path).to_dict(orient="records")
-        text = path.read_text()
         if path.suffix == ".json":
-            data = json.loads(text)
+            data = json.loads(path.read_text())
             if not isinstance(data, list):
                 raise DataError(f"{where}: a .json dataset must hold a list of rows (fix: or use .jsonl)")
             return data
-        rows = []
-        for lineno, line in enumerate(text.splitlines(), start=1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise DataError(f"{where} line {lineno}: not valid JSON ({exc.msg}) (fix: one JSON object per line)") from None
-        return rows
+        return _read_jsonl(path, where)
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - any pyarrow/OS error means an unreadable file
         raise DataError(f"{where}: cannot read ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}) "
                         "(fix: check the file is a valid verl dataset)") from None
+
+
+def _skip_rest_of_line(f: Any) -> int:
+    """Read past the rest of an over-long line in bounded chunks; the bytes skipped."""
+    skipped = 0
+    while chunk := f.readline(1 << 20):
+        skipped += len(chunk)
+        if chunk.endswith(b"\n"):
+            break
+    return skipped
+
+
+def _read_jsonl(path: Path, where: str) -> list[Any]:
+    """One row per non-empty line; a line over MAX_ROW_BYTES is dropped with a warning (never held whole)."""
+    rows: list[Any] = []
+    with path.open("rb") as f:
+        lineno = 0
+        while line := f.readline(MAX_ROW_BYTES + 1):
+            lineno += 1
+            if len(line) > MAX_ROW_BYTES and not line.endswith(b"\n"):
+                size = len(line) + _skip_rest_of_line(f)
+                log.warning("%s line %d: %.1f MiB, over the %d MiB limit of one row: dropped", where, lineno,
+                            size / 2**20, MAX_ROW_BYTES >> 20)
+                continue
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                msg = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8"
+                raise DataError(f"{where} line {lineno}: not valid JSON ({msg}) (fix: one JSON object per line)") from None
+    return rows
 
 
 def load_rows(path: str | Path, *, field: str | None = None) -> list[dict[str, Any]]:
@@ -153,6 +201,8 @@ def load_rows(path: str | Path, *, field: str | None = None) -> list[dict[str, A
         return validate_rows(load_synthetic(path), path, field)
     path = Path(path).expanduser()
     where = _where(str(path), field)
+    if path.is_dir():
+        raise DataError(f"{where}: is a directory, not a data file (fix: name a .parquet, .jsonl or .json file in it)")
     if not path.is_file():
         raise DataError(f"data file not found: {where} (fix: check the path, or use synthetic:arithmetic-easy)")
     if path.suffix not in _SUFFIXES:
@@ -193,15 +243,31 @@ class PromptDataset:
     ) -> None:
         where = _where(source, field)
         rows = validate_rows(rows, source, field)
+        from trainer.rewards.registry import get_scorer
+
+        for ds, i in {r["data_source"]: i for i, r in reversed(list(enumerate(rows)))}.items():
+            try:  # at start, not at the first scoring after a model load and a rollout
+                get_scorer(ds)
+            except DataError as exc:
+                raise DataError(f"{where} row {i}: {exc}") from None
         self.items: list[dict[str, Any]] = []
         self.num_filtered = 0
-        longest = 0
+        longest = unread = 0
         for i, row in enumerate(rows):
             images = row.get("images") or []
             if images and processor is None:
                 raise DataError(f"{where} row {i}: has {len(images)} image(s) but the model is text-only "
                                 "(fix: use a vision-language model.path, e.g. tiny:qwen2.5-vl, or text rows)")
             mm = None
+            chars = sum(len(m["content"]) for m in row["prompt"])
+            if not images and chars > max_prompt_length * MAX_CHARS_PER_TOKEN:  # cannot fit: not tokenized
+                if not filter_overlong_prompts:
+                    raise DataError(
+                        f"{where} row {i}: prompt is {chars} characters, far over data.max_prompt_length="
+                        f"{max_prompt_length} tokens (fix: shorten it or set data.filter_overlong_prompts=true)")
+                self.num_filtered += 1
+                unread += 1
+                continue
             try:
                 if images:
                     ids, mm = processor.encode_prompt(tokenizer, row["prompt"], images)
@@ -232,8 +298,9 @@ class PromptDataset:
                 }
             )
         if self.num_filtered:
-            log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens (longest %d)",
-                        where, self.num_filtered, len(rows), max_prompt_length, longest)
+            log.warning("%s: dropped %d of %d prompts longer than max_prompt_length=%d tokens (longest tokenized %d; "
+                        "%d over %d characters not tokenized)", where, self.num_filtered, len(rows), max_prompt_length,
+                        longest, unread, max_prompt_length * MAX_CHARS_PER_TOKEN)
         if not self.items:
             raise DataError(f"{where}: all {len(rows)} prompts are longer than data.max_prompt_length="
                             f"{max_prompt_length} tokens (fix: raise data.max_prompt_length)")
