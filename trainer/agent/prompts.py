@@ -8,7 +8,9 @@ call syntax, where the output appears, the answer line, and one worked example.
 
 `with_tool_prompt(rows, system_prompt=..., data_source=...)` returns copies of verl-format rows
 with the system message put first (replacing a system message the row already has) and
-`data_source` replaced when given. Rows are never modified in place.
+`data_source` replaced when given. Rows are never modified in place. `agent_rows(cfg, *splits)`
+applies an `AgentConfig` to each split (the rows unchanged when `agent.enable` is false); the
+single-process loop and the Ray colocated driver both use it.
 """
 
 from __future__ import annotations
@@ -35,3 +37,11 @@ def with_tool_prompt(rows: list[dict[str, Any]], *, system_prompt: str | None,
             row["data_source"] = data_source
         out.append(row)
     return out
+
+
+def agent_rows(cfg: Any, *splits: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], ...]:
+    """Each split rewritten for tool use by the agent config `cfg` (unchanged when it is disabled)."""
+    if not cfg.enable:
+        return splits
+    system = TOOL_SYSTEM_PROMPT if cfg.system_prompt == "builtin" else cfg.system_prompt
+    return tuple(with_tool_prompt(rows, system_prompt=system, data_source=cfg.data_source) for rows in splits)

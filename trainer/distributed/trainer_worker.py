@@ -105,6 +105,11 @@ class TrainerWorker:
         if self.with_engine:
             self.engine = build_engine(cfg, copy.deepcopy(model), self.tokenizer, self.eos_ids, self.device)
             self.engine.generator.manual_seed(cfg.trainer.seed + 1000 * self.rank)  # ranks sample differently
+            if cfg.agent.enable:  # multi-turn tool use: each worker's loop, its own sandbox; rank 0 records it
+                from trainer.agent.loop import AgentRolloutEngine
+
+                self.engine = AgentRolloutEngine(self.engine, self.tokenizer, cfg.agent,
+                                                 out_dir=cfg.trainer.out_dir if self.rank == 0 else None)
         # the frozen reference policy for the KL loss: a copy of the initial weights, sharded like the policy
         self.ref = copy.deepcopy(model).requires_grad_(False) if cfg.actor.use_kl_loss else None
         # PPO's value model: a copy of the initial policy's body, sharded like the policy (critic_state.py)
