@@ -25,8 +25,8 @@ suite, profile or metric. Only the references that list a profile become its ite
   `--rlbench-out` folder works), any format `rlbench.ingest` reads. `--arch` then names the arch
   the logs came from and is not compared to this machine; `--rlbench-device` names the board.
   A mode without a log has its checks skipped; a profile without any log, all of its items.
-- Verdicts: pass -> pass; fail and error -> a failure whose text is the check's one-line
-  message; skip (e.g. a device-scoped reference on another board, golden values not recorded
+- Verdicts: pass -> pass; fail, error and not_evaluated (the log lacks the metric or steps the
+  check reads) -> a failure whose text is the check's one-line message; skip (e.g. a device-scoped reference on another board, golden values not recorded
   for this arch) -> a pytest skip with the reason.
 - `--rlbench-report PATH`: one HTML report for the session (a section per suite x profile that
   ran, the profiles that could not run with their reason and number of checks, and pytest's own
@@ -326,7 +326,9 @@ class CheckItem(pytest.Item):
         assert run.by_ref is not None
         mine = run.by_ref[self.ref_index]
         results = [r for r in mine if r.check_id == self.check_id] or mine  # e.g. one skip for all golden stats
-        bad = [r for r in results if r.verdict in ("fail", "error")]
+        # fail, error and any other verdict but pass and skip (not_evaluated: the log lacks what the
+        # check reads) fail the item: a check that was not evaluated is never a pass.
+        bad = [r for r in results if r.verdict not in ("pass", "skip")]
         if bad:
             raise CheckFailed(" | ".join(r.message for r in bad))
         if results and all(r.verdict == "skip" for r in results):

@@ -180,3 +180,24 @@ def test_progress_lines_follow_the_metrics_log(tmp_path: Path) -> None:
     steps = [int(re.search(r"step (\d+)/4", ln).group(1)) for ln in lines]  # type: ignore[union-attr]
     assert steps == sorted(set(steps)) and steps[-1] == 4 and 7 not in steps
     assert lines[-1] == "run: step 4/4, 2.0 s/step, score 0.400"
+
+
+def test_checks_not_evaluated_fail_their_items(project: pytest.Pytester) -> None:
+    """A log that ends at step 120 of 200: checks that need the run's end are not evaluated, and
+    pytest counts them as failures (never as passes), as many as the checks module reports."""
+    from rlbench.checks import evaluate
+    from rlbench.ingest import load_metrics
+
+    logs = project.path / "logs"
+    log = write_qwen3_8b_grpo_log(logs / SUITE / "full" / "colocated.jsonl", steps=120)
+    suite = load_suite(ROOT / "suites" / f"{SUITE}.yaml")
+    results = evaluate(suite, "full", {"colocated": load_metrics(log).frame}, arch="gfx950", device_name="")
+    mine = [r for r in results if not (r.verdict == "skip" and "applies to profile" in r.message)]  # items of full
+    bad = [r for r in mine if r.verdict not in ("pass", "skip")]
+    res = project.runpytest(*_args(project, "--arch", "gfx950", "--profile", "full", "--rlbench-logs", str(logs),
+                                   "-k", SUITE))
+    outcomes = res.parseoutcomes()
+    assert outcomes.get("failed", 0) == len(bad) > 0
+    assert outcomes.get("passed", 0) == sum(r.verdict == "pass" for r in mine)
+    if any(r.verdict == "not_evaluated" for r in bad):
+        assert "NOT EVALUATED" in res.stdout.str()
