@@ -232,9 +232,9 @@ class TrainerConfig(_Section):
         if self.algorithm.name == "ppo" and not self.critic.enable:
             raise ValueError("algorithm.name=ppo needs a value model (fix: set critic.enable=true)")
         t = self.trainer
-        if self.agent.enable and t.mode != "colocated":
-            raise ValueError("agent.enable=true runs in the colocated mode only (single-process or Ray workers; fix: "
-                             "set trainer.mode=colocated, or agent.enable=false)")
+        if self.agent.enable and t.mode == "fully_async" and self.async_.partial_rollout:
+            raise ValueError("agent.enable=true in trainer.mode=fully_async: the tool loop cannot be interrupted "
+                             "mid-trajectory at a weight sync (fix: set async.partial_rollout=false)")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -216,7 +216,7 @@ def test_tool_prompt_rows_and_config_checks() -> None:
     assert out[0]["prompt"][0] == {"role": "system", "content": TOOL_SYSTEM_PROMPT}
     assert out[0]["prompt"][1:] == [rows[0]["prompt"][1]] and out[0]["data_source"] == "retool"
     assert rows[0]["data_source"] == "synthetic/arithmetic"  # input untouched
-    with pytest.raises(ConfigError, match="agent.enable=true runs in the colocated mode only"):
+    with pytest.raises(ConfigError, match="fix: set async.partial_rollout=false"):
         load_config(None, ["agent.enable=true", "trainer.mode=fully_async"])
     with pytest.raises(ConfigError, match="agent.max_turns"):
         load_config(None, ["agent.max_turns=0"])

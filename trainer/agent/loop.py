@@ -42,7 +42,8 @@ when no isolating layer is in force unless ``agent.sandbox_allow_unisolated`` is
 Departures: observations are plain text inside the assistant turn (as Miles' retool example
 does), not a chat-template tool role; `n` samples of a prompt are independent rows (no prefix
 sharing across turns); the loop does not support interrupting a generation (`should_stop`), so
-the fully-async mode is not supported (the config rejects it).
+the fully-async mode runs it with `async.partial_rollout=false` only (the config rejects the
+rest): a trajectory started before a weight sync finishes under the old weights.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class AgentRolloutEngine(RolloutEngine):
     """A `RolloutEngine` whose responses are multi-turn tool-use trajectories (module docstring)."""
 
     name = "agent"
+    continue_generation = None  # no partial rollout: a trajectory is not resumed across a weight sync
 
     def __init__(self, inner: RolloutEngine, tokenizer: Any, cfg: AgentConfig, *, out_dir: str | None = None) -> None:
         self.inner = inner

@@ -64,6 +64,8 @@ class _Group:
     finish: list[str] = field(default_factory=list)  # [n] "stop" | "length" | "abort"
     end_version: list[int] = field(default_factory=list)  # [n] version when the response finished
     interrupted: bool = False
+    masks: list[list[int]] = field(default_factory=list)  # [n] multi-turn: 0 on tool-observation tokens
+    turns: list[dict[str, Any]] = field(default_factory=list)  # [n] multi-turn: num_turns, tool_calls, ...
 
     def done(self) -> bool:
         return all(f != "abort" for f in self.finish)
@@ -81,10 +83,16 @@ class RolloutWorker:
             torch.set_num_threads(cfg.trainer.num_threads)
         self.device = torch.device("cuda", 0) if (cfg.trainer.device != "cpu" and torch.cuda.is_available()) \
             else torch.device("cpu")
-        train_rows, val_rows = load_split(cfg.data)
+        from trainer.agent.prompts import agent_rows
+
+        train_rows, val_rows = agent_rows(cfg.agent, *load_split(cfg.data))  # tool-use prompts when agent.enable
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
         self.eos_ids = eos_token_ids(self.tokenizer, model)
         self.engine = build_engine(cfg, model, self.tokenizer, self.eos_ids, self.device)
+        if cfg.agent.enable:  # multi-turn tool use: the agent loop (no partial rollout) with its own sandbox
+            from trainer.agent.loop import AgentRolloutEngine
+
+            self.engine = AgentRolloutEngine(self.engine, self.tokenizer, cfg.agent, out_dir=cfg.trainer.out_dir)
         del model
         if cfg.async_.partial_rollout and not callable(getattr(self.engine, "continue_generation", None)):
             raise ConfigError(f"async.partial_rollout: rollout.engine={cfg.rollout.engine} cannot interrupt and continue "
@@ -306,6 +314,10 @@ class RolloutWorker:
             g.ids[j], g.logps[j], g.finish[j] = out.response_ids[row], out.response_logprobs[row], out.finish_reasons[row]
             g.versions[j] = out.token_versions[row] if out.token_versions else [self.version] * len(g.ids[j])
             g.end_version[j] = self.version
+            if out.turn_stats:  # multi-turn (never continued: the agent loop runs without partial rollout)
+                g.masks = g.masks or [[] for _ in range(n)]
+                g.turns = g.turns or [{} for _ in range(n)]
+                g.masks[j], g.turns[j] = out.response_mask[row], out.turn_stats[row]
             if out.finish_reasons[row] == "abort":
                 g.interrupted = True
         done = [g for g in groups if g.done()]
@@ -321,10 +333,16 @@ class RolloutWorker:
 
         n = len(g.ids)
         rollout = Rollout(prompt_ids=[g.item["prompt_ids"]] * n, response_ids=g.ids, response_logprobs=g.logps,
-                          finish_reasons=g.finish, group_index=[0] * n, policy_version=[g.start_version] * n)
+                          finish_reasons=g.finish, group_index=[0] * n, policy_version=[g.start_version] * n,
+                          response_mask=g.masks, turn_stats=g.turns)
         batch = batch_from_rollout(rollout, pad_token_id=self.tokenizer.pad_token_id,
                                    max_response_length=self.cfg.data.max_response_length)
         batch.meta = {k: [g.item[k]] * n for k in ("data_source", "ground_truth", "extra_info")}
+        if g.turns:  # as trainer.steps.generate does: turn counts in meta, num_turns for the ReTool reward
+            for key in ("num_turns", "tool_calls", "tool_errors", "tool_s", "tool_wall_s"):
+                batch.meta[key] = [t.get(key, 0) for t in g.turns]
+            batch.meta["extra_info"] = [{**(e or {}), "num_turns": t["num_turns"]}
+                                        for e, t in zip(batch.meta["extra_info"], g.turns)]
         batch.meta["finish_reason"] = list(g.finish)
         batch.scores, acc = score(batch, self.tokenizer, self.cfg)
         batch.meta["acc"] = acc.tolist()

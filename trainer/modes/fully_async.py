@@ -89,6 +89,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         step_metrics,
     )
     from trainer.distributed.trainer_worker import check_supported
+    from trainer.steps import turn_metrics
 
     check_supported(cfg)
     a = cfg.async_
@@ -159,6 +160,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
             fault_point("rollout", step)
             metrics.update(qstats)
             batch = merge_groups(groups, pad_token_id)
+            metrics.update(turn_metrics(batch))  # multi-turn tool use: num_turns/*, agent/*, timing_s/tool
             # 2. advantages, update
             t0 = time.perf_counter()
             add_advantages(batch, cfg)
