@@ -7,7 +7,8 @@
 
 On a CPU machine the "devices" are CPU workers: one bundle of one CPU each, so CI exercises the
 same actors, groups and messages as a GPU run. `RAY_ADDRESS` (Ray's own variable) joins an
-existing cluster for multi-node runs.
+existing cluster for multi-node runs. A local cluster is guarded (`ray_guard.py`): none of its
+processes outlive the driver, even after kill -9, and a run clears what a killed earlier one left.
 """
 
 from __future__ import annotations
@@ -49,7 +50,11 @@ def init_ray(cfg: TrainerConfig, num_cpus: int | None = None) -> None:
     """Start a local Ray cluster (or join RAY_ADDRESS) once per process."""
     import ray
 
+    from trainer.distributed.ray_guard import clear_leftovers, guard_local_cluster
+
+    clear_leftovers(cfg.trainer.out_dir)  # processes of a killed earlier run in this out_dir
     if ray.is_initialized():
+        guard_local_cluster(cfg.trainer.out_dir, started_here=False)
         return
     env = {k: os.environ[k] for k in _PASS_ENV if k in os.environ}
     env.setdefault("OMP_NUM_THREADS", str(cfg.trainer.num_threads or 1))
@@ -59,6 +64,8 @@ def init_ray(cfg: TrainerConfig, num_cpus: int | None = None) -> None:
     if "RAY_ADDRESS" not in os.environ:
         kwargs["num_cpus"] = num_cpus or max(os.cpu_count() or 2, 2)
     ray.init(**kwargs)
+    if "RAY_ADDRESS" not in os.environ:  # our own cluster: nothing of it may outlive this process
+        guard_local_cluster(cfg.trainer.out_dir, started_here=True)
 
 
 def placement_group_for(num_workers: int, use_gpu: bool, *, name: str = "") -> Any:
