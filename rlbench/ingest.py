@@ -256,7 +256,7 @@ def detect_format(lines: list[str], path: Path) -> str:
         verl_seen: list[tuple[int, int]] = []
         read_verl_console(head, [], verl_seen)
         miles_seen: list[int] = []
-        read_miles_console(head, [], lambda rec, kind, rid, where: miles_seen.append(
+        read_miles_console(head, [], lambda rec, kind, rid, where, seen=miles_seen: seen.append(
             int(where.split()[-1].split("-")[0])))
         firsts = {"verl-console": min((ln for _, ln in verl_seen), default=None),
                   "miles-console": min(miles_seen, default=None)}

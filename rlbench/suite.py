@@ -470,7 +470,7 @@ def load_suite(path: str | Path) -> Suite:
         raise ConfigError(f"{p}: the suite file is empty; a suite has id, title, source, trainer, modes, "
                           "profiles and references (see suites/)")
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
     except _DuplicateKey as e:
         raise ConfigError(f"{p}: {e}") from None
     except yaml.YAMLError as e:

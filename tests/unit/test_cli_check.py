@@ -87,8 +87,8 @@ def test_one_mode_given_twice_is_refused(tmp_path: Path, capsys) -> None:
 def test_non_monotone_steps_are_warned(tmp_path: Path, capsys) -> None:
     recs = [{"step": s, "data": {"actor/ppo_kl": 1e-4}} for s in (5, -3, 5, 2, 2, 1)]
     log = _write_records(tmp_path / "order.jsonl", recs)
-    rc, _, err = _main(["check", str(log), "--suite", SUITE, "--profile", "cpu", "--arch", "cpu",
-                        "--out", str(tmp_path / "o")], capsys)
+    _, _, err = _main(["check", str(log), "--suite", SUITE, "--profile", "cpu", "--arch", "cpu",
+                       "--out", str(tmp_path / "o")], capsys)
     assert "negative steps -3 (line 2) are not steps of a run; ignored" in err
     assert "steps go back: step -3 at line 2 after step 5" in err
     assert "steps logged again after other steps: 5 (lines 1, 3)" in err
@@ -98,7 +98,7 @@ def test_non_monotone_steps_are_warned(tmp_path: Path, capsys) -> None:
 def test_profile_guessed_from_the_log_shape_and_cpu_arch_defaulted(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(cli, "_detected_arch", lambda: "cpu")
     log = _shaped_log(tmp_path / "cpu.jsonl", steps=8, seqs=32)  # cpu profile: 8 steps of 8 prompts x n 4
-    rc, _, err = _main(["check", str(log), "--suite", SUITE, "--out", str(tmp_path / "o")], capsys)
+    _, _, err = _main(["check", str(log), "--suite", SUITE, "--out", str(tmp_path / "o")], capsys)
     assert ("note: --profile not given; the log's shape (8 steps, 32 sequences per step, longest response 20 "
             f"tokens) matches profile cpu of {SUITE}: checking as cpu") in err
     assert "note: --arch not given; profile cpu on this CPU-only machine: checking as arch cpu" in err
@@ -107,7 +107,7 @@ def test_profile_guessed_from_the_log_shape_and_cpu_arch_defaulted(tmp_path: Pat
 
 def test_unmatched_shape_falls_back_to_full_and_says_so(tmp_path: Path, capsys) -> None:
     log = _shaped_log(tmp_path / "odd.jsonl", steps=30, seqs=64)
-    rc, _, err = _main(["check", str(log), "--suite", SUITE, "--out", str(tmp_path / "o")], capsys)
+    _, _, err = _main(["check", str(log), "--suite", SUITE, "--out", str(tmp_path / "o")], capsys)
     assert (f"--profile not given and the log (30 steps, 64 sequences per step, longest response 20 tokens) "
             f"matches no profile of {SUITE}: checking as full") in err
     assert "note: --arch not given; checking as the published arch gfx950" in err
@@ -115,15 +115,15 @@ def test_unmatched_shape_falls_back_to_full_and_says_so(tmp_path: Path, capsys) 
 
 def test_plain_shape_mismatch_is_warned_with_the_hint(tmp_path: Path, capsys) -> None:
     log = _shaped_log(tmp_path / "n8.jsonl", steps=30, seqs=64)  # a 30-step n=8 run
-    rc, _, err = _main(["check", str(log), "--suite", SUITE, "--profile", "cpu", "--arch", "cpu",
-                        "--out", str(tmp_path / "o")], capsys)
+    _, _, err = _main(["check", str(log), "--suite", SUITE, "--profile", "cpu", "--arch", "cpu",
+                       "--out", str(tmp_path / "o")], capsys)
     warn = [ln for ln in err.splitlines() if "was not run with profile cpu" in ln]
     assert len(warn) == 1
     assert "the log has 30 steps (the profile runs 8); 64 sequences per step (the profile makes 32 = " \
            "train_batch_size 8 x n 4)" in warn[0]
     mini = _shaped_log(tmp_path / "mini.jsonl", steps=60, seqs=320, longest=60.0)
-    rc, _, err = _main(["check", str(mini), "--suite", SUITE, "--profile", "cpu", "--arch", "cpu",
-                        "--out", str(tmp_path / "o2")], capsys)
+    _, _, err = _main(["check", str(mini), "--suite", SUITE, "--profile", "cpu", "--arch", "cpu",
+                       "--out", str(tmp_path / "o2")], capsys)
     assert "responses up to 60 tokens (the profile caps them at 24)" in err
     assert "it looks like profile mini: pass --profile mini" in err
 

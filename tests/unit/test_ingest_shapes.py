@@ -19,8 +19,14 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from rlbench.ingest import MAX_LINE_BYTES, load_metrics
-from tests.helpers.verl_logs import (RAY, miles_perf_record, verl_console_items, verl_console_line,
-                                     verl_console_log, wrap)
+from tests.helpers.verl_logs import (
+    RAY,
+    miles_perf_record,
+    verl_console_items,
+    verl_console_line,
+    verl_console_log,
+    wrap,
+)
 from trainer.errors import DataError
 
 
@@ -138,8 +144,8 @@ def test_record_cut_mid_value_at_eof_is_warned(tmp_path: Path) -> None:
     assert "timing_s/old_log_prob" in log.frame.columns
     assert math.isnan(log.frame.loc[2, "timing_s/old_log_prob"])  # not read as 8.0
     assert log.frame.loc[2, "critic/score/mean"] == 0.52  # the items before the cut are kept
-    assert log.warnings == ["line 2: step 2 is cut short at '- timing_s/old_log_prob:8.' (a name or value broken "
-                            "off, like a truncated JSON line); read 6 items, that one ignored"]
+    assert log.warnings == [("line 2: step 2 is cut short at '- timing_s/old_log_prob:8.' (a name or value broken "
+                             "off, like a truncated JSON line); read 6 items, that one ignored")]
 
 
 @pytest.mark.parametrize("cut_after", ["timing_s/old_log_prob:8.", "actor/lr:1e-", "actor/ppo_kl:np.float64(0.",
@@ -247,8 +253,8 @@ def test_binary_empty_and_directory_logs_are_refused(tmp_path: Path) -> None:
 def test_number_tail_alone_on_a_line_is_joined_and_named(tmp_path: Path) -> None:
     log = load_metrics(_write(tmp_path / "tail.log", ["step:1 - a/x:0.5 - a/y:368.9", "02", "step:2 - a/x:1"]))
     assert log.frame.loc[1, "a/y"] == 368.902
-    assert log.warnings == ["line 2: '02' read as the rest of step 1's value of 'a/y': a number wrapped at the line "
-                            "break, its end alone on the next line; check those lines if they were separate output"]
+    assert log.warnings == [("line 2: '02' read as the rest of step 1's value of 'a/y': a number wrapped at the line "
+                             "break, its end alone on the next line; check those lines if they were separate output")]
 
 
 def test_miles_record_with_an_unreadable_dict_is_named(tmp_path: Path) -> None:
