@@ -9,6 +9,7 @@ load or a step:
 - `trainer.out_dir`: not an existing file, creatable, writable (a probe file is written and removed);
 - `trainer.device` / `trainer.n_gpus_per_node`: `cuda` needs a CUDA device, and one node needs as
   many devices as workers (`async.rollout_gpus + async.train_gpus` in the fully-async mode);
+- `model.tokenizer_path`: an existing folder;
 - the model's config (read without its weights: tiny and `shape:` models, a HF folder's
   `config.json`, the embedded model's cached config): every `model.override_config` key is a field
   of it, and `data.max_prompt_length + data.max_response_length` fits its `max_position_embeddings`.
@@ -104,6 +105,10 @@ def model_config(cfg: TrainerConfig, *, overrides: bool = True) -> Any | None:
 
 
 def check_model(cfg: TrainerConfig) -> None:
+    tok = cfg.model.tokenizer_path
+    if tok is not None and not Path(tok).expanduser().is_dir():
+        raise ConfigError(f"model.tokenizer_path={tok}: not a folder (fix: point it at a tokenizer folder, or "
+                          f"remove it to use model.path's tokenizer)")
     if cfg.model.override_config:
         base = model_config(cfg, overrides=False)
         if base is not None:

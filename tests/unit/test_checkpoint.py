@@ -154,3 +154,17 @@ def test_fault_hook_kills_at_its_phase_and_step_only(tmp_path: Path):
     out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, FAULT_ENV: "line:2"},
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == -9 and out.stdout.strip() == "passed"
+
+
+def test_a_damaged_worker_file_is_caught_too(tmp_path: Path):
+    """The Ray paths add the workers' files (actor.pt) before the commit: the manifest covers them."""
+    def write_files(folder: Path) -> dict:
+        (folder / "actor.pt").write_bytes(b"w" * 4096)
+        return {"world_size": 2}
+
+    save_checkpoint(tmp_path, 2, {"x": 1}, write_files=write_files)
+    newest = save_checkpoint(tmp_path, 4, {"x": 2}, write_files=write_files)
+    assert set(json.loads((newest / MANIFEST).read_text())["files"]) == {"actor.pt", "state.pt"}
+    (newest / "actor.pt").write_bytes(b"w" * 100)
+    assert verify_checkpoint(newest) == "actor.pt is 100 bytes, the manifest says 4096"
+    assert resume_checkpoint(tmp_path).name == "step_000002"
