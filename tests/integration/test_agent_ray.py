@@ -36,3 +36,18 @@ def test_agent_loop_on_two_ray_workers(tmp_path: Path):
     assert m["num_turns/min"] >= 2
     env = json.loads((tmp_path / "env.json").read_text())
     assert env["sandbox"]["isolating"] and "subreaper" in env["sandbox"]["in_force"]
+
+
+def test_agent_loop_in_the_fully_async_rollouter(tmp_path: Path):
+    from trainer.modes.fully_async import train_fully_async
+
+    cfg = load_config("trainer/configs/grpo_tiny_arithmetic.yaml", [
+        f"trainer.out_dir={tmp_path}", "trainer.mode=fully_async", "trainer.progress=false", "trainer.save_freq=0",
+        "trainer.test_freq=0", "trainer.total_steps=2", "data.max_response_length=48", "async.partial_rollout=false",
+        "async.trigger_parameter_sync_step=1", "agent.enable=true", "agent.max_turns=2"])
+    rows = [r["data"] for r in read_metrics(train_fully_async(cfg)) if r["step"] > 0]
+    assert len(rows) == 2
+    for m in rows:
+        assert m["num_turns/min"] >= 2 and "agent/tool_errors/total" in m and "timing_s/tool" in m
+    env = json.loads((tmp_path / "env.json").read_text())
+    assert env["sandbox"]["isolating"]
