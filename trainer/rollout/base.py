@@ -121,11 +121,19 @@ def weight_sync_metrics(engine: object, named_tensors: Iterable[tuple[str, torch
 
 def engine_facts(engine: RolloutEngine) -> dict[str, object]:
     """What a run records about its engine (`engine.json`): name, device and, for the static engine,
-    graph-capture seconds and why capture failed if it did."""
-    return {"engine": engine.name, "device": str(getattr(engine, "device", "")),
-            "use_graphs": bool(getattr(engine, "use_graphs", False)),
-            "graph_capture_s": float(getattr(engine, "compile_s", 0.0)),
-            "graph_error": getattr(engine, "graph_error", None)}
+    graph-capture seconds and why capture failed if it did; engines with a `facts()` method (vLLM:
+    process layout, whether sleep frees memory, its worker's model class / dtype / threads) add it."""
+    out: dict[str, object] = {"engine": engine.name, "device": str(getattr(engine, "device", "")),
+                              "use_graphs": bool(getattr(engine, "use_graphs", False)),
+                              "graph_capture_s": float(getattr(engine, "compile_s", 0.0)),
+                              "graph_error": getattr(engine, "graph_error", None)}
+    facts = getattr(engine, "facts", None)
+    if callable(facts):
+        try:
+            out["engine_facts"] = facts()
+        except Exception as e:  # noqa: BLE001 -- an engine that died keeps the rest of the record
+            out["engine_facts_error"] = f"{type(e).__name__}: {e}"
+    return out
 
 
 class RolloutEngine(abc.ABC):

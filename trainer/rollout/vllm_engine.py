@@ -60,7 +60,7 @@ from typing import Any
 
 import torch
 
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, RLBenchError
 from trainer.models import resolve_dtype
 from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
 
@@ -73,8 +73,9 @@ _WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpo
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
-class EngineDiedError(RuntimeError):
-    """The engine's process died or failed mid-run (one line: what, when, and the fix)."""
+class EngineDiedError(RLBenchError, RuntimeError):
+    """The engine's process died or failed mid-run (one line: what, when, and the fix). An
+    `RLBenchError`, so entry points print it as one line; the run's metrics so far stay written."""
 
 
 def missing_engine_error(engine: str, err: ImportError) -> ConfigError:
