@@ -168,14 +168,16 @@ def _line_step(line: str) -> int | None:
     return step if isinstance(step, int) else None
 
 
-_VERIFIED: set[tuple[str, int]] = set()
+_VERIFIED: set[tuple[str, int, tuple[int, int] | None]] = set()
 
 
 def verify_checkpoint(path: Path) -> str | None:
     """None when the checkpoint's files match its manifest (and state.pt loads); else what is wrong.
     A folder verified once in this process (same manifest) is not hashed again."""
     manifest = path / MANIFEST
-    key = (str(path.resolve()), manifest.stat().st_mtime_ns if manifest.is_file() else -1)
+    state = (path / "state.pt").stat() if (path / "state.pt").is_file() else None
+    key = (str(path.resolve()), manifest.stat().st_mtime_ns if manifest.is_file() else -1,
+           (state.st_mtime_ns, state.st_size) if state else None)
     if key in _VERIFIED:
         return None
     why = _verify(path, manifest)

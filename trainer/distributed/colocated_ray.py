@@ -88,10 +88,10 @@ def validate_on(group: Any, val_data: Any, cfg: TrainerConfig, pad_token_id: int
 
 
 def train_colocated_ray(cfg: TrainerConfig) -> Path:
-    from trainer.data.dataset import PromptDataset
+    from trainer.agent.prompts import agent_rows
     from trainer.checkpoint import finish_step
+    from trainer.data.dataset import PromptDataset
     from trainer.distributed.cluster import WorkerDiedError, get, init_ray, uses_gpu, write_failure
-    from trainer.faults import fault_point
     from trainer.distributed.trainer_group import (
         TrainerGroup,
         add_advantages,
@@ -100,8 +100,8 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
         step_metrics,
     )
     from trainer.distributed.trainer_worker import check_supported
+    from trainer.faults import fault_point
     from trainer.models import load_tokenizer
-    from trainer.agent.prompts import agent_rows
     from trainer.steps import collect_scored_batch, load_split, turn_metrics
 
     check_supported(cfg)

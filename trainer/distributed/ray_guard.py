@@ -128,7 +128,7 @@ def guard_local_cluster(out_dir: str | Path, *, started_here: bool) -> None:
         return
     import ray
 
-    session = ray._private.worker._global_node.get_session_dir_path()  # noqa: SLF001 -- Ray has no public getter
+    session = ray._private.worker._global_node.get_session_dir_path()
     if not started_here and session not in _GUARDS:
         return
     out = Path(out_dir)

@@ -19,7 +19,13 @@ import torch
 
 from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from trainer.batch import Batch
-from trainer.checkpoint import PendingCheckpoint, announce_resume, load_checkpoint, prepare_checkpoint, resume_or_start
+from trainer.checkpoint import (
+    PendingCheckpoint,
+    announce_resume,
+    load_checkpoint,
+    prepare_checkpoint,
+    resume_or_start,
+)
 from trainer.config import TrainerConfig
 from trainer.distributed.cluster import bundle_options, get, placement_group_for
 from trainer.distributed.sharding import check_divisible, shard_batch, unshard_rows
