@@ -245,15 +245,13 @@ def verdict_rows_html(results: list[CheckResult], actual: Callable[[CheckResult]
                         f"{', ' + _e(r.source) if r.source else ''})</span></li>" for r in rs)
         parts.append(f'<details class="fold fold-{_e(st.replace(" ", "_"))}"><summary>{badge(rs[0].verdict)} '
                      f"{len(rs)} {_e(st if st != 'skip' else 'skipped')}: {_e(reason)}</summary><ul>{items}</ul></details>")
-    if tally.other_profiles:
-        by_reason: dict[str, list[CheckResult]] = {}
-        for r in tally.other_profiles:
-            by_reason.setdefault(reason_of(r), []).append(r)
-        for reason, rs in by_reason.items():
-            items = "".join(f"<li><code>{_e(r.check_id)}</code> <span class=\"note\">({_e(KIND_LABEL[kind_of(r)])}"
-                            f"{', ' + _e(r.source) if r.source else ''})</span></li>" for r in rs)
-            parts.append(f'<details class="fold fold-other"><summary>{len(rs)} not applicable to this profile: '
-                         f"{_e(reason)}</summary><ul>{items}</ul></details>")
+    if tally.other_profiles:  # one fold: references that list other profiles, each with its profiles
+        rs = tally.other_profiles
+        items = "".join(f"<li><code>{_e(r.check_id)}</code> <span class=\"note\">({_e(KIND_LABEL[kind_of(r)])}, "
+                        f"profile {_e(_profiles_of([r]))})</span></li>" for r in rs)
+        this = reason_of(rs[0]).rpartition("this run: ")[2].rstrip(")") or "this one"
+        parts.append(f'<details class="fold fold-other"><summary>{len(rs)} not applicable to profile {_e(this)}: '
+                     f"they apply to profile {_e(_profiles_of(rs))}</summary><ul>{items}</ul></details>")
     return "\n".join(parts)
 
 
