@@ -220,11 +220,16 @@ def _no_values(frame: pd.DataFrame, ref: Reference) -> str:
 
 # ---------------------------------------------------------------------------- evaluation
 def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch: str,
-             device_name: str, golden_dir: str | Path | None = None) -> list[CheckResult]:
-    """Every reference of `suite` against `runs` (mode name -> metrics frame) of one profile."""
+             device_name: str, golden_dir: str | Path | None = None, steps: int | None = None) -> list[CheckResult]:
+    """Every reference of `suite` against `runs` (mode name -> metrics frame) of one profile.
+
+    `steps`: how many steps the runs were meant to have (default: the profile's `steps`); a run
+    trained to fewer on purpose (the first N steps of a profile) passes N, and only its checks
+    that need steps past N are then `not_evaluated`.
+    """
     prof = suite.profile(profile)
     runs = {m: (f if f.index.is_monotonic_increasing else f.sort_index()) for m, f in runs.items()}
-    covs = {m: Coverage.of(f, prof.steps) for m, f in runs.items()}
+    covs = {m: Coverage.of(f, prof.steps if steps is None else steps) for m, f in runs.items()}
     results: list[CheckResult] = []
     for ref in suite.references:
         reason, tol = skip_reason(suite, ref, profile, arch, device_name)

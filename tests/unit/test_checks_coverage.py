@@ -118,3 +118,16 @@ def test_golden_start_statistics_on_a_late_log_are_not_evaluated() -> None:
 def test_coverage_note(first: int, last: int, note: str) -> None:
     text = Coverage(first, last, 8).note()
     assert text.endswith(f"({note})") if note else text == ""
+
+
+def test_a_run_meant_to_be_short_is_checked_against_its_own_length() -> None:
+    """`steps=N`: the first N steps of a profile, trained on purpose (e.g. `rlbench selftest --steps`)."""
+    refs = [{"id": "band", "metric": "critic/score/mean", "op": "band", "lo": 0.0, "hi": 1.0},
+            {"id": "final", "metric": "critic/score/mean", "stat": "final", "op": ">=", "value": 0.2}]
+    s = toy_suite(refs, modes={"colocated": {"gpus": 8}}, steps=200)
+    run = {"colocated": _run(0, 2, **RISING)}
+    as_profile = {r.check_id: r.verdict for r in evaluate(s, "full", run, arch="gfx950", device_name="MI350X")}
+    assert as_profile == {"band": "not_evaluated", "final": "not_evaluated"}  # 2 of 200 steps
+    short = {r.check_id: r for r in evaluate(s, "full", run, arch="gfx950", device_name="MI350X", steps=2)}
+    assert {k: r.verdict for k, r in short.items()} == {"band": "pass", "final": "pass"}
+    assert all(r.coverage == "" for r in short.values())
