@@ -1,6 +1,8 @@
 """Vision-language policies (Qwen2-VL / Qwen2.5-VL family): build, load, freeze, and one shared forward.
 
 `model.path` forms (through `trainer.models.load_model_and_tokenizer`):
+- ``tiny:qwen2.5-vl+sft-geometry-<level>-<steps>``: that model after a brief supervised warm start on
+  the synthetic figures (`trainer/warm_start_vlm.py`), built once and cached;
 - ``tiny:qwen2.5-vl``: a random-init `Qwen2_5_VLForConditionalGeneration` (1 vision block of
   width 32 with 8-px patches, 2-layer text model of width 64), the project's byte-level tokenizer
   plus the Qwen2-VL special tokens ``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``,
@@ -47,6 +49,11 @@ VISION_PREFIX = "model.visual."
 _TINY_IMAGE = dict(patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64)
 
 
+def is_tiny_vlm(name: str) -> bool:
+    """``qwen2.5-vl`` or a warm-started ``qwen2.5-vl+sft-<task>-<steps>`` (`trainer/warm_start_vlm.py`)."""
+    return name.partition("+sft-")[0] in TINY_VLMS
+
+
 def is_vlm(model: torch.nn.Module) -> bool:
     """A Qwen2-VL-family model: a vision tower and an M-RoPE index on its inner `model`."""
     inner = getattr(model, "model", None)
@@ -86,6 +93,13 @@ def build_tiny_vlm(arch: str, *, dtype: torch.dtype, attn_implementation: str, s
                    overrides: dict[str, Any] | None = None) -> tuple[torch.nn.Module | None, Any]:
     from transformers import Qwen2_5_VLForConditionalGeneration
 
+    if "+sft-" in arch:  # warm-started on the synthetic figures, cached after the first build
+        from trainer.warm_start_vlm import load_warm_started
+
+        if overrides:
+            raise ModelError(f"model.override_config: not supported for the warm-started tiny:{arch} (fix: remove it)")
+        model, tokenizer = load_warm_started(arch, dtype=dtype, attn_implementation=attn_implementation)
+        return (model if with_model else None), tokenizer
     tokenizer = tiny_vlm_tokenizer()
     config = tiny_vlm_config(arch, tokenizer, overrides)
     model = None
@@ -123,7 +137,7 @@ def load_vision_processor(model_path: str, tokenizer: Any, model: torch.nn.Modul
     """The `VisionProcessor` of a vision-language `model.path`; None for a text-only model."""
     from trainer.data.multimodal import VisionProcessor
 
-    if model_path.startswith("tiny:") and model_path.split(":", 1)[1] in TINY_VLMS:
+    if model_path.startswith("tiny:") and is_tiny_vlm(model_path.split(":", 1)[1]):
         from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         image_processor = Qwen2VLImageProcessorPil(**_TINY_IMAGE)
@@ -191,7 +205,7 @@ def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, at
 def model_is_vlm(model_path: str) -> bool:
     """Whether `model.path` names a vision-language model (decided without loading it)."""
     if model_path.startswith("tiny:"):
-        return model_path.split(":", 1)[1] in TINY_VLMS
+        return is_tiny_vlm(model_path.split(":", 1)[1])
     folder = Path(model_path).expanduser()
     return folder.is_dir() and config_is_vlm(folder)
 

@@ -76,8 +76,8 @@ def model_config(cfg: TrainerConfig, *, overrides: bool = True) -> Any | None:
         arch = path.split(":", 1)[1]
         from trainer import models_vlm
 
-        if arch in models_vlm.TINY_VLMS:
-            return models_vlm.tiny_vlm_config(arch, models_vlm.tiny_vlm_tokenizer(), over)
+        if models_vlm.is_tiny_vlm(arch):  # a warm-started tiny VLM keeps the base architecture's config
+            return models_vlm.tiny_vlm_config(arch.partition("+sft-")[0], models_vlm.tiny_vlm_tokenizer(), over)
         from trainer.data.tiny_tokenizer import build_tiny_tokenizer
 
         return models.tiny_config(arch, len(build_tiny_tokenizer()), over)
