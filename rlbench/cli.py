@@ -398,8 +398,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "all but the known blind spots)")
     st.add_argument("--clean-seeds", help="comma-separated seeds of the clean runs (default 5,6,7)")
     st.add_argument("--mutation-seed", type=int, default=0, help="seed of the mutated runs (default 0)")
-    st.add_argument("--steps", type=int, default=2, help="train the first N steps, check what they settle "
-                    "(default 2; 0: the whole profile, every check)")
+    st.add_argument("--steps", type=int, default=1, help="train the first N steps, check what they settle "
+                    "(default 1; 0: the whole profile, every check)")
     st.add_argument("--tiny", action="store_true", help="tiny random-init model, mechanics checks only")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="trainer override (repeatable)")
     st.add_argument("--rev", help="mutate the trainer of this git commit (default: the working tree's)")

@@ -95,8 +95,15 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.to(device)
-    actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature,
-                  max_response_length=cfg.data.max_response_length, device=device)
+    if cfg.actor.strategy == "megatron":  # megatron-core GPTModel, HF weights through mbridge
+        from trainer.backends.megatron import MegatronActor
+
+        actor: Actor = MegatronActor.from_hf(model, cfg.actor, temperature=cfg.rollout.temperature,
+                                             max_response_length=cfg.data.max_response_length, device=device,
+                                             seed=cfg.trainer.seed)
+    else:
+        actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature,
+                      max_response_length=cfg.data.max_response_length, device=device)
     engine = build_engine(cfg, model, tokenizer, eos, device) if with_engine else None
     if engine is not None and cfg.agent.enable:  # multi-turn tool use around the configured engine
         from trainer.agent.loop import AgentRolloutEngine

@@ -183,7 +183,7 @@ class Actor:
         first = True
         for _ in range(cfg.ppo_epochs):
             for mini in batch.chunks(mini_size):
-                counts = all_reduce_sum(global_counts(mini.response_mask), self.device)
+                counts = self.all_reduce_sum(global_counts(mini.response_mask))
                 agg_kw = dict(horizon=self.max_response_length, **counts)
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.master is not None:
@@ -235,11 +235,8 @@ class Actor:
                         mb_stats["actor/tis_weight_mean"] += masked_mean(tis, mask).item() * w
                 # each worker's statistics are its share of the mini-batch's (normalized by the global
                 # counts), so their sum over the data-parallel workers is the mini-batch value
-                mb_stats = all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)}, self.device)
-                # fp32 main grads of the masters under bf16_params, else the module's own grads
-                clip_params = self.master.masters if self.master is not None else self.model.parameters()
-                grad_norm = torch.nn.utils.clip_grad_norm_(clip_params, cfg.grad_clip)
-                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                mb_stats = self.all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)})
+                grad_norm = self.finish_grads_and_clip()
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
                     if self.master is not None:
@@ -260,7 +257,7 @@ class Actor:
         if expert_counts is not None:
             from trainer.models_moe import expert_load_metrics
 
-            flat = all_reduce_sum({str(i): float(c) for i, c in enumerate(expert_counts.flatten())}, self.device)
+            flat = self.all_reduce_sum({str(i): float(c) for i, c in enumerate(expert_counts.flatten())})
             summed = torch.tensor(list(flat.values()), dtype=torch.float64).view_as(expert_counts)
             out.update(expert_load_metrics(summed, self.router.top_k))
         out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
@@ -269,6 +266,18 @@ class Actor:
             torch.cuda.synchronize(self.device)
         out.update(self._mfu(batch, time.perf_counter() - t_start))
         return out
+
+    # ------------------------------------------------------------------ backend hooks (trainer/backends/megatron.py)
+    def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum of each named value over the data-parallel ranks."""
+        return all_reduce_sum(values, self.device)
+
+    def finish_grads_and_clip(self) -> torch.Tensor:
+        """Gradient norm before clipping, after clipping to `actor.grad_clip` (FSDP2 reduced the grads in
+        backward). Under bf16_params these are the fp32 main grads of the masters."""
+        clip_params = self.master.masters if self.master is not None else self.model.parameters()
+        grad_norm = torch.nn.utils.clip_grad_norm_(clip_params, self.cfg.grad_clip)
+        return grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
 
     def _mfu(self, batch: Batch, seconds: float) -> dict[str, float]:
         """`perf/mfu/actor`: model FLOPs of this worker's update over seconds x the device's bf16 peak."""

@@ -1,16 +1,433 @@
 """The Megatron training backend: megatron-core's GPTModel built from the HF config through mbridge.
 
-Where this backend runs is checked at start (`check_megatron_supported`): a run that asks for it
-in a loop it does not run in stops with one line naming the field and the fix.
+    actor = MegatronActor.from_hf(hf_model, cfg.actor, temperature=1.0, max_response_length=R, device=dev)
+    actor.compute_logprobs(batch); actor.update(batch, n); dict(actor.named_weights())   # HF names
+
+`MegatronActor` implements the interface of `trainer/backends/actor.py` (log-probs of a batch, the
+PPO-style update, weights out by HF name, state for checkpoints, statistics summed over the
+data-parallel ranks): it *is* an `Actor` whose forward, gradient reduction and clipping, and weight
+export are megatron-core's, so the update loop and the loss math (`trainer/algorithms`) are the
+FSDP2 backend's, not a copy.
+
+Model: `mbridge.AutoBridge.from_config(hf_config)` maps the HF config onto a `TransformerConfig`
+(qwen2, qwen3, qwen3_moe, llama, mixtral, ...); the layers come from megatron-core's local spec
+(`get_gpt_layer_local_spec`: no TransformerEngine, no Apex). mbridge's own loaders assume the
+TransformerEngine layer names and CUDA, so this module walks the parameters itself and uses
+mbridge's name tables and tensor conversions (fused QKV layout, gate/up fusion, TP split and merge)
+for each one, with `LOCAL_TO_TE` translating the local spec's names to the names mbridge knows.
+HF weights come from the checkpoint layout `save_pretrained` writes (per-expert tensors for MoE);
+export converts back to that layout, then to transformers' in-memory layout (experts fused in 3D
+`gate_up_proj` / `down_proj`), so every rollout engine's existing weight sync takes them.
+
+Batches: megatron-core's RoPE uses the token's index in the row, not `position_ids`, so each row is
+left-aligned (its real tokens moved to the front, the padding to the back; positions then equal the
+HF `position_ids` of the real tokens) and run under a plain causal mask.
+
+Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), expert (`expert_model_parallel_size`);
+data parallel over the remaining ranks. On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's
+unconditional `torch.cuda` calls; gradients are all-reduced with torch over the data-parallel
+groups and the optimizer is torch's AdamW. On CUDA the same path runs (megatron's DDP and
+distributed optimizer: `trainer/backends/megatron_gpu.py`).
 """
 
 from __future__ import annotations
 
-from trainer.config import TrainerConfig
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from trainer.backends.actor import Actor
+from trainer.batch import Batch
+from trainer.config import ActorConfig, TrainerConfig
 from trainer.errors import ConfigError
+
+# local-spec parameter names -> the TransformerEngine-spec names mbridge's tables use
+LOCAL_TO_TE = [
+    (re.compile(r"\.input_layernorm\.weight$"), ".self_attention.linear_qkv.layer_norm_weight"),
+    (re.compile(r"\.mlp\.experts\.local_experts\.(\d+)\.(linear_fc[12])\.weight$"), r".mlp.experts.\2.weight\1"),
+]
+DENSE_PRE_MLP = (re.compile(r"\.pre_mlp_layernorm\.weight$"), ".mlp.linear_fc1.layer_norm_weight")
 
 
 def check_megatron_supported(cfg: TrainerConfig) -> None:
     """Raise ConfigError for `actor.strategy=megatron` settings this backend does not run."""
-    raise ConfigError("actor.strategy=megatron: the Megatron backend does not drive the training loops yet "
-                      "(fix: set actor.strategy=fsdp2)")
+    a, t = cfg.actor, cfg.trainer
+    if t.mode != "colocated" or t.use_ray or t.n_gpus_per_node * t.nnodes > 1:
+        raise ConfigError("actor.strategy=megatron: runs in the single-process colocated loop (one process, TP=EP=1) "
+                          "so far; the Ray and fully-async loops do not build it (fix: trainer.mode=colocated, "
+                          "trainer.use_ray=false and one device, or actor.strategy=fsdp2)")
+    m = a.megatron
+    if m.pipeline_model_parallel_size != 1:
+        raise ConfigError(f"actor.megatron.pipeline_model_parallel_size={m.pipeline_model_parallel_size}: pipeline "
+                          f"parallelism is not built (fix: set it to 1)")
+    if m.tensor_model_parallel_size * m.expert_model_parallel_size != 1:
+        raise ConfigError("actor.megatron.tensor_model_parallel_size / expert_model_parallel_size: > 1 needs several "
+                          "ranks, and the loops run the Megatron backend in one process (fix: set both to 1)")
+    if m.sequence_parallel:
+        raise ConfigError("actor.megatron.sequence_parallel=true: needs tensor_model_parallel_size > 1 (fix: false)")
+    for field in ("mixed_precision", "compile"):
+        if getattr(a, field) not in ("none", False):
+            raise ConfigError(f"actor.{field}={getattr(a, field)}: not supported by actor.strategy=megatron "
+                              f"(fix: remove it, or use actor.strategy=fsdp2)")
+    if a.use_kl_loss or cfg.critic.enable:
+        raise ConfigError(f"{'actor.use_kl_loss' if a.use_kl_loss else 'critic.enable'}: the reference policy and the "
+                          f"critic are not built for actor.strategy=megatron (fix: turn it off, or actor.strategy=fsdp2)")
+    if cfg.rollout.engine not in ("hf", "static"):
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: actor.strategy=megatron syncs weights into the "
+                          f"in-process engines only (fix: rollout.engine=hf, or actor.strategy=fsdp2)")
+    if cfg.model.gradient_checkpointing:
+        raise ConfigError("model.gradient_checkpointing: not wired for actor.strategy=megatron (fix: set it false)")
+
+
+# --------------------------------------------------------------------------- process setup
+
+def cpu_shim() -> None:
+    """Serve megatron-core's unconditional CUDA calls on a CPU-only torch (RNG tracker, RoPE buffer,
+    attention buffer, the MoE dispatcher's device lookups). With CUDA only the TransformerEngine-less
+    router fix below applies."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):  # 0.16: the router's GEMM reads this name even without TE
+        moe_utils.te_general_gemm = None
+    if torch.cuda.is_available():
+        return
+    import megatron.core.tensor_parallel.random as mr
+
+    torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.manual_seed = lambda seed: None
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda new_state, device="cuda": torch.set_rng_state(new_state)
+    mr._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
+    mr._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
+
+
+def init_parallel(tp: int = 1, ep: int = 1, *, seed: int = 0) -> None:
+    """megatron-core's parallel groups over the default process group (a one-rank gloo group is started
+    when none exists)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
+
+    cpu_shim()
+    if not dist.is_initialized():
+        from trainer.distributed.cluster import free_port
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    model_parallel_cuda_manual_seed(seed)
+
+
+def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: float = 0.0, **overrides: Any):
+    """mbridge's bridge for `hf_config` with the TransformerConfig switched to what runs without
+    TransformerEngine (no fusions; allgather MoE dispatcher on CPU, alltoall on CUDA)."""
+    import copy
+
+    from mbridge import AutoBridge
+
+    hf_config = copy.deepcopy(hf_config)
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ConfigError(f"actor.strategy=megatron: rope_type={rope['rope_type']} is not mapped (fix: a model with "
+                          f"default RoPE, or actor.strategy=fsdp2)")
+    if "rope_theta" in rope:  # transformers 5 keeps it in rope_parameters; mbridge reads config.rope_theta
+        hf_config.rope_theta = rope["rope_theta"]
+    from megatron.core import parallel_state as ps
+
+    tp = ps.get_tensor_model_parallel_world_size()
+    # TP > 1: vocab padded to a multiple of 128 * TP (megatron's default); export trims it
+    bridge = AutoBridge.from_config(hf_config, dtype=dtype, make_vocab_size_divisible_by=128 * tp if tp > 1 else None)
+    cuda = torch.cuda.is_available()
+    extra: dict[str, Any] = {
+        "use_cpu_initialization": True, "gradient_accumulation_fusion": False, "bias_activation_fusion": False,
+        "masked_softmax_fusion": False, "persist_layer_norm": False, "apply_rope_fusion": False,
+        "bias_dropout_fusion": False, "sequence_parallel": False, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "variable_seq_lengths": False}
+    if bridge.config.num_moe_experts:
+        extra.update(moe_token_dispatcher_type="alltoall" if cuda else "allgather", moe_grouped_gemm=False,
+                     moe_router_pre_softmax=False,  # top-k of the logits, then softmax: HF's normalized top-k
+                     moe_router_load_balancing_type="aux_loss" if moe_aux_loss_coeff > 0 else "none",
+                     moe_aux_loss_coeff=moe_aux_loss_coeff)
+        if getattr(hf_config, "norm_topk_prob", True) is False:
+            extra["moe_router_pre_softmax"] = True  # softmax over all experts, top-k not renormalized
+    extra.update(overrides)
+    bridge.set_extra_args(**extra)
+    return bridge
+
+
+def build_gpt_model(bridge: Any) -> torch.nn.Module:
+    """megatron-core GPTModel with the local layer spec, from the bridge's config."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+
+    c = bridge.config
+    spec = get_gpt_layer_local_spec(num_experts=c.num_moe_experts, moe_grouped_gemm=c.moe_grouped_gemm,
+                                    qk_layernorm=c.qk_layernorm, normalization=c.normalization)
+    kw = bridge._get_gptmodel_args()
+    bridge.vocab_size = bridge.padded_vocab_size = kw["vocab_size"]
+    if bridge.make_vocab_size_divisible_by:
+        d = bridge.make_vocab_size_divisible_by
+        bridge.padded_vocab_size = kw["vocab_size"] = -(-bridge.vocab_size // d) * d
+    return GPTModel(config=c, transformer_layer_spec=spec,
+                    share_embeddings_and_output_weights=bool(getattr(bridge.hf_config, "tie_word_embeddings", False)),
+                    **kw)
+
+
+# --------------------------------------------------------------------------- weights in and out
+
+def _te_name(name: str, is_moe: bool) -> str:
+    for pat, rep in LOCAL_TO_TE:
+        name = pat.sub(rep, name)
+    if not is_moe:
+        name = DENSE_PRE_MLP[0].sub(DENSE_PRE_MLP[1], name)
+    return name
+
+
+def _global_expert(name: str, bridge: Any) -> str:
+    """Local expert index -> global (expert-parallel rank offset)."""
+    m = re.search(r"\.mlp\.experts\.(linear_fc[12])\.weight(\d+)$", name)
+    if m is None or bridge.mpu.ep_size == 1:
+        return name
+    per_rank = bridge.config.num_moe_experts // bridge.mpu.ep_size
+    return name[:m.start(2)] + str(int(m.group(2)) + per_rank * bridge.mpu.ep_rank)
+
+
+def hf_checkpoint_tensors(hf_model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The HF model's weights in its checkpoint layout (what `save_pretrained` writes; per-expert
+    tensors for MoE), which is the layout mbridge's tables name."""
+    from safetensors.torch import load_file
+
+    with tempfile.TemporaryDirectory() as tmp:
+        # every rank needs the tensors; transformers writes on distributed rank 0 only
+        hf_model.should_save_on_this_rank = lambda is_main_process: True
+        try:
+            hf_model.save_pretrained(tmp)
+        finally:
+            del hf_model.should_save_on_this_rank
+        out: dict[str, torch.Tensor] = {}
+        for f in sorted(os.listdir(tmp)):
+            if f.endswith(".safetensors"):
+                out.update(load_file(os.path.join(tmp, f)))
+    if "lm_head.weight" not in out and "model.embed_tokens.weight" in out:
+        out["lm_head.weight"] = out["model.embed_tokens.weight"]
+    return out
+
+
+@torch.no_grad()
+def load_hf_weights(model: torch.nn.Module, bridge: Any, hf: dict[str, torch.Tensor]) -> None:
+    """Copy HF checkpoint-layout tensors into this rank's shard of every megatron parameter."""
+    is_moe = bool(bridge.config.num_moe_experts)
+    for name, param in model.state_dict(keep_vars=True).items():
+        if "_extra_state" in name:
+            continue
+        te = _global_expert(_te_name(name, is_moe), bridge)
+        hf_names = bridge._weight_name_mapping_mcore_to_hf(te)
+        missing = [h for h in hf_names if h not in hf]
+        if missing:
+            raise ConfigError(f"actor.strategy=megatron: the HF weights lack {missing[0]} for {name} (fix: a model "
+                              f"mbridge maps, or actor.strategy=fsdp2)")
+        full = bridge._weight_to_mcore_format(te, [hf[h] for h in hf_names])
+        expert = ".mlp.experts." in te
+        size = bridge.mpu.etp_size if expert else bridge.mpu.tp_size
+        rank = bridge.mpu.etp_rank if expert else bridge.mpu.tp_rank
+        piece = bridge._weight_split_across_tp(te, full, param, size)[rank] if size > 1 else full
+        if piece.shape != param.shape:
+            raise ConfigError(f"actor.strategy=megatron: {name}: HF shape {tuple(piece.shape)} != megatron "
+                              f"{tuple(param.shape)} (fix: check the model config)")
+        param.copy_(piece)
+
+
+def _runtime_layout(items: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF checkpoint layout -> transformers' in-memory names: per-expert MLP tensors stacked into the
+    fused `experts.gate_up_proj [E, 2I, H]` and `experts.down_proj [E, H, I]` (Mixtral's
+    `block_sparse_moe.experts.e.w1/w3/w2`, Qwen-MoE's `mlp.experts.e.gate_proj/up_proj/down_proj`)."""
+    experts: dict[str, dict[int, dict[str, torch.Tensor]]] = {}
+    pat = re.compile(r"^(model\.layers\.\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(\w+)\.weight$")
+    for name, t in items:
+        m = pat.match(name)
+        if m is None:
+            yield name.replace(".block_sparse_moe.gate.", ".mlp.gate."), t
+            continue
+        experts.setdefault(m.group(1), {}).setdefault(int(m.group(2)), {})[m.group(3)] = t
+    for layer, by_e in experts.items():
+        order = sorted(by_e)
+        gate = [by_e[e].get("w1", by_e[e].get("gate_proj")) for e in order]
+        up = [by_e[e].get("w3", by_e[e].get("up_proj")) for e in order]
+        down = [by_e[e].get("w2", by_e[e].get("down_proj")) for e in order]
+        yield f"{layer}.mlp.experts.gate_up_proj", torch.stack([torch.cat([g, u], 0) for g, u in zip(gate, up)])
+        yield f"{layer}.mlp.experts.down_proj", torch.stack(down)
+
+
+@torch.no_grad()
+def export_hf_weights(model: torch.nn.Module, bridge: Any) -> list[tuple[str, torch.Tensor]]:
+    """Full weights by HF in-memory name (TP shards gathered, EP shards gathered), on every rank."""
+    from megatron.core import parallel_state as ps
+
+    is_moe = bool(bridge.config.num_moe_experts)
+    out: list[tuple[str, torch.Tensor]] = []
+    for name, param in model.named_parameters():
+        te = _te_name(name, is_moe)
+        t = param.detach()
+        expert = ".mlp.experts." in te
+        tp_size = bridge.mpu.etp_size if expert else bridge.mpu.tp_size
+        if getattr(param, "tensor_model_parallel", False) and tp_size > 1:
+            group = ps.get_expert_tensor_parallel_group() if expert else ps.get_tensor_model_parallel_group()
+            parts = [torch.empty_like(t) for _ in range(tp_size)]
+            dist.all_gather(parts, t.contiguous(), group=group)
+            t = bridge._weight_merge_across_tp(te, parts, param)
+        if expert and bridge.mpu.ep_size > 1:
+            parts = [torch.empty_like(t) for _ in range(bridge.mpu.ep_size)]
+            dist.all_gather(parts, t.contiguous(), group=ps.get_expert_model_parallel_group())
+            per_rank = bridge.config.num_moe_experts // bridge.mpu.ep_size
+            local = int(re.search(r"weight(\d+)$", te).group(1))
+            for r, part in enumerate(parts):
+                g = re.sub(r"weight\d+$", f"weight{local + per_rank * r}", te)
+                out.extend(zip(*bridge._weight_to_hf_format(g, part)))
+            continue
+        out.extend(zip(*bridge._weight_to_hf_format(te, t)))
+    out.sort(key=lambda kv: kv[0])
+    return list(_runtime_layout(out))
+
+
+# --------------------------------------------------------------------------- the actor
+
+def left_align(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(ids [N, T], index [N, R])`: each row's real tokens moved to the front (zeros after), and the
+    column of the left-aligned row whose output predicts response token j (`prompt tokens - 1 + j`)."""
+    attn = batch.attention_mask
+    t = attn.shape[1]
+    start = attn.float().argmax(-1)  # first real token (left-padded prompt)
+    cols = (torch.arange(t, device=attn.device)[None] + start[:, None]).clamp(max=t - 1)
+    ids = torch.gather(batch.input_ids, 1, cols)
+    ids = ids * torch.gather(attn, 1, cols) * (cols >= start[:, None]).long()
+    prompt_real = attn[:, : batch.prompt_len].sum(-1)  # [N]
+    r = batch.responses.shape[1]
+    index = (prompt_real[:, None] - 1 + torch.arange(r, device=attn.device)[None]).clamp(max=t - 1)
+    return ids, index
+
+
+class MegatronActor(Actor):
+    """`Actor` on a megatron-core GPTModel (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module, bridge: Any, hf_config: Any, cfg: ActorConfig, *, temperature: float,
+                 max_response_length: int, device: torch.device):
+        self.cfg, self.temperature, self.max_response_length, self.device = cfg, temperature, max_response_length, device
+        self.model, self.bridge, self.hf_config = model, bridge, hf_config
+        self.gpt = model  # the GPTModel itself (self.model may become megatron's DDP wrapper on CUDA)
+        self.megatron_optimizer = None
+        self.master = None
+        self.compile_backend = None
+        self.router = None  # router statistics: megatron's own (config.moe_aux_loss_coeff) where on
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
+                                           betas=cfg.betas, weight_decay=cfg.weight_decay,
+                                           fused=(device.type == "cuda") or None)
+        warmup = cfg.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda s: min(1.0, (s + 1) / warmup) if warmup > 0 else 1.0)
+
+    @classmethod
+    def from_hf(cls, hf_model: torch.nn.Module, cfg: ActorConfig, *, temperature: float, max_response_length: int,
+                device: torch.device, seed: int = 0, dtype: torch.dtype | None = None) -> MegatronActor:
+        """Parallel groups (from `cfg.megatron`), model through the bridge, HF weights loaded
+        (`dtype`: the megatron parameters' dtype; default the HF model's)."""
+        m = cfg.megatron
+        init_parallel(m.tensor_model_parallel_size, m.expert_model_parallel_size, seed=seed)
+        dtype = dtype or next(hf_model.parameters()).dtype
+        bridge = build_bridge(hf_model.config, dtype=dtype, moe_aux_loss_coeff=cfg.moe_aux_loss_coeff)
+        model = build_gpt_model(bridge).to(device=device, dtype=dtype)
+        load_hf_weights(model, bridge, hf_checkpoint_tensors(hf_model))
+        return cls(model, bridge, hf_model.config, cfg, temperature=temperature,
+                   max_response_length=max_response_length, device=device)
+
+    # ------------------------------------------------------------------ forward
+    def _logprobs(self, micro: Batch, *, with_entropy: bool = False, model: torch.nn.Module | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        if model is not None and model is not self.model:
+            raise ConfigError("actor.use_kl_loss: the reference policy is not built for actor.strategy=megatron "
+                              "(fix: actor.use_kl_loss=false, or actor.strategy=fsdp2)")
+        ids, index = left_align(micro)
+        t = ids.shape[1]
+        pos = torch.arange(t, device=ids.device)[None].expand_as(ids)
+        causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True: masked
+        logits = self.model(ids, pos, causal, runtime_gather_output=True)[..., : self.bridge.vocab_size]  # [N, T, V]
+        r = index.shape[1]
+        z = torch.gather(logits, 1, index[..., None].expand(-1, r, logits.shape[-1])).float()
+        if self.temperature != 1.0:
+            z = z / self.temperature
+        logp_all = torch.log_softmax(z, dim=-1)
+        logp = torch.gather(logp_all, -1, micro.responses[..., None]).squeeze(-1)
+        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
+        return logp, entropy
+
+    # ------------------------------------------------------------------ reductions
+    def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_data_parallel_group()
+        if dist.get_world_size(group) == 1:
+            return values
+        t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=group)
+        return dict(zip(values, t.tolist()))
+
+    def finish_grads_and_clip(self) -> torch.Tensor:
+        """Sum gradients over the data-parallel groups (dense: DP, experts: expert-DP), then the global
+        norm over the model-parallel shards, then clip."""
+        from megatron.core import parallel_state as ps
+
+        if self.megatron_optimizer is not None:  # CUDA: megatron's DDP + distributed optimizer
+            from trainer.backends.megatron_gpu import megatron_step
+
+            return megatron_step(self)
+        dense, experts = [], []
+        for name, p in self.model.named_parameters():
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            (experts if ".mlp.experts." in name else dense).append((name, p))
+        if ps.get_tensor_model_parallel_world_size() > 1:  # q/k layernorms see only this rank's heads
+            for name, p in dense:
+                if "q_layernorm" in name or "k_layernorm" in name:
+                    dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        for params, group in ((dense, ps.get_data_parallel_group()), (experts, ps.get_expert_data_parallel_group())):
+            if dist.get_world_size(group) > 1:
+                for _, p in params:
+                    dist.all_reduce(p.grad, group=group)
+        tp_rank = ps.get_tensor_model_parallel_rank()
+        dense_sq = sum((p.grad.double().pow(2).sum() for _, p in dense
+                        if getattr(p, "tensor_model_parallel", False) or tp_rank == 0), torch.zeros((), dtype=torch.float64))
+        expert_sq = sum((p.grad.double().pow(2).sum() for _, p in experts), torch.zeros((), dtype=torch.float64))
+        if ps.get_tensor_model_parallel_world_size() > 1:
+            dist.all_reduce(dense_sq, group=ps.get_tensor_model_parallel_group())
+        if experts and ps.get_expert_tensor_and_model_parallel_group() is not None and \
+                dist.get_world_size(ps.get_expert_tensor_and_model_parallel_group()) > 1:
+            dist.all_reduce(expert_sq, group=ps.get_expert_tensor_and_model_parallel_group())
+        norm = (dense_sq + expert_sq).sqrt().float()
+        scale = min(1.0, self.cfg.grad_clip / (float(norm) + 1e-6))
+        if scale < 1.0:
+            for p in self.model.parameters():
+                p.grad.mul_(scale)
+        return norm
+
+    # ------------------------------------------------------------------ weights, checkpoint, MFU
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        yield from export_hf_weights(self.gpt, self.bridge)
+
+    def _mfu(self, batch: Batch, seconds: float) -> dict[str, float]:
+        from trainer.ops.flops import batch_seqlens, mfu, train_flops
+        from trainer.platform import peak_bf16_tflops
+
+        if self.device.type != "cuda":
+            return {}
+        try:
+            peak = peak_bf16_tflops(torch.cuda.get_device_name(self.device), self.cfg.mfu_peak_tflops)
+        except ConfigError:
+            return {}
+        flops = train_flops(self.hf_config, batch_seqlens(batch.attention_mask)) * self.cfg.ppo_epochs
+        return {"perf/mfu/actor": mfu(flops, seconds, peak)}

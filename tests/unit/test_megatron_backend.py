@@ -1,0 +1,139 @@
+"""The Megatron backend (megatron-core through mbridge, CPU/gloo) against the FSDP2 backend.
+
+Same weights, same batch: log-probs of the transformers model and of the megatron GPTModel agree in
+fp32 (tolerance 1e-5 absolute on log-probs), and after one update (two mini-batches, unequal
+response lengths) the exported HF-named parameters agree (rtol 1e-4 / atol 2e-5: Adam's first
+steps amplify fp32 rounding where a gradient is near zero; see the two-rank test's bound). On two gloo processes, TP=2 equals TP=1
+for a dense model and EP=2 equals EP=1 for an MoE (weights loaded through the bridge both times).
+Needs megatron-core and mbridge (`pip install 'rlbench[megatron]'`); skipped without them.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
+from trainer.backends.strategy import megatron_missing
+from trainer.batch import Batch
+from trainer.config import ActorConfig, MegatronConfig, ModelConfig
+from trainer.models import load_model_and_tokenizer
+
+pytestmark = pytest.mark.skipif(megatron_missing() is not None,
+                                reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
+ARCHS = ["llama", "qwen2", "qwen3", "mixtral", "qwen3_moe"]
+
+
+def _hf(arch: str):
+    m, _ = load_model_and_tokenizer(ModelConfig(path=f"tiny:{arch}"), seed=0)
+    with torch.no_grad():  # routers away from zero (Qwen3-MoE's start there) so routing is not a tie
+        for r in m.modules():
+            if type(r).__name__.endswith("TopKRouter"):
+                r.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    return m
+
+
+def _cfg(tp: int = 1, ep: int = 1) -> ActorConfig:
+    return ActorConfig(lr=1e-3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
+                       entropy_coeff=0.01, megatron=MegatronConfig(tensor_model_parallel_size=tp,
+                                                                   expert_model_parallel_size=ep))
+
+
+def _batch() -> Batch:
+    b, g = unequal_lengths_batch(5)
+    b.advantages = torch.randn(N_RESP, 1, generator=g).expand(N_RESP, R) * b.response_mask
+    b.old_logprobs = -2.0 + 0.1 * torch.randn(N_RESP, R, generator=g)
+    return b
+
+
+def _megatron(hf, tp: int = 1, ep: int = 1, dp: int = 1):
+    from trainer.backends.megatron import MegatronActor
+    from trainer.distributed.sharding import worker_actor_config
+
+    return MegatronActor.from_hf(hf, worker_actor_config(_cfg(tp, ep), dp), temperature=1.0, max_response_length=R,
+                                 device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logprobs_update_and_export_match_fsdp2(arch):
+    from trainer.backends.actor import Actor
+    from trainer.ops.logprobs import response_logprobs
+
+    hf = _hf(arch)
+    meg = _megatron(_hf(arch))
+    batch = _batch()
+    mask = batch.response_mask.bool()
+    with torch.no_grad():
+        ref = response_logprobs(hf, batch)[0]
+    got = meg.compute_logprobs(batch)
+    assert (got - ref)[mask].abs().max() < 1e-5
+    init = {k: v.detach().clone() for k, v in hf.named_parameters()}
+    exported = dict(meg.named_weights())
+    assert set(exported) == set(init)
+    for k, v in init.items():
+        assert torch.equal(exported[k], v), k  # weights out by HF name: exactly what went in
+
+    ref_m = Actor(hf, _cfg(), temperature=1.0, max_response_length=R, device=torch.device("cpu")).update(_batch(), N)
+    got_m = meg.update(_batch(), N)
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/entropy", "actor/ppo_kl"):
+        assert abs(got_m[k] - ref_m[k]) <= 1e-4 * max(abs(ref_m[k]), 1e-2), (k, got_m[k], ref_m[k])
+    after = dict(meg.named_weights())
+    moved = 0.0
+    for k, v in hf.named_parameters():
+        torch.testing.assert_close(after[k], v.detach(), rtol=1e-4, atol=2e-5, msg=k)
+        moved = max(moved, float((v.detach() - init[k]).abs().max()))
+    assert moved > 1e-3  # two Adam steps of lr 1e-3 moved the weights: agreement is not "nothing changed"
+
+
+def _worker(rank: int, world: int, port: int, arch: str, tp: int, ep: int, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from trainer.distributed.sharding import shard_batch
+
+    dp = world // tp
+    meg = _megatron(_hf(arch), tp, ep, dp)
+    batch = _batch()
+    logp = meg.compute_logprobs(batch)
+    piece = batch if dp == 1 else shard_batch(batch, world_size=dp, mini_batch_rows=2 * N)[rank]
+    metrics = meg.update(piece, N)
+    weights = dict(meg.named_weights())
+    if rank == 0:
+        torch.save({"logp": logp, "metrics": metrics, "weights": weights}, out)
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("arch", "tp", "ep"), [("qwen3", 2, 1), ("qwen3_moe", 1, 2)])
+def test_two_ranks_match_one(arch, tp, ep):
+    """TP=2 (dense; both ranks see the whole batch) and EP=2 (MoE; the dense part is data-parallel,
+    each rank a half of every mini-batch, tokens dispatched to the rank that holds their expert)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank0.pt")
+        mp.start_processes(_worker, args=(2, _free_port(), arch, tp, ep, out), nprocs=2, join=True,
+                           start_method="spawn")
+        got = torch.load(out)
+    one = _megatron(_hf(arch))
+    batch = _batch()
+    torch.testing.assert_close(got["logp"], one.compute_logprobs(batch), rtol=0, atol=1e-5)
+    ref = one.update(batch, N)
+    for k in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+        assert abs(got["metrics"][k] - ref[k]) <= 1e-4 * max(abs(ref[k]), 1e-2), (k, got["metrics"][k], ref[k])
+    # all but <= 0.1% of each tensor within 2e-5; the rest within a quarter of one Adam step (lr 1e-3):
+    # entries whose gradient is within rounding of zero, where Adam's g / sqrt(v) is ill-conditioned
+    for k, v in one.named_weights():
+        d = (got["weights"][k] - v).abs()
+        assert float(d.max()) <= 2.5e-4 and int((d > 2e-5).sum()) <= max(1, d.numel() // 1000), \
+            (k, float(d.max()), int((d > 2e-5).sum()), d.numel())

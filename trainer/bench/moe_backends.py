@@ -1,0 +1,260 @@
+"""MoE training on one GPU: the Megatron backend against FSDP2 + transformers, and a CPU-parity check.
+
+    python -m trainer.bench.moe_backends --reference ref.pt          # CPU: write the fp32 reference
+    python -m trainer.bench.moe_backends --check ref.pt --bench      # GPU: parity check, then the benchmark
+
+`--reference`: a tiny Qwen3-MoE (4 experts, top-2), its initial weights, one batch, and the HF-named
+weights after `MegatronActor.update` (two mini-batches) on CPU in fp32 (torch AdamW).
+`--check`: the same update on CUDA with bf16 parameters, megatron's DDP + distributed optimizer
+(fp32 masters) and the alltoall dispatcher; prints how far the weights are from the CPU run.
+`--bench`: a Qwen3-30B-A3B-shaped model (hidden 2048, 128 experts of 768, top-8, 32/4 heads of 128,
+vocab 151936; `--layers` of its 48) with random weights, `--batch` x `--seq` tokens per step:
+transformers' Qwen3MoeForCausalLM (`experts_implementation` = grouped_mm, bf16 params, fused AdamW)
+and megatron-core's GPTModel through mbridge (local spec, bf16 params, megatron DDP + distributed
+optimizer, alltoall dispatcher; grouped expert GEMM where megatron-core runs it without
+TransformerEngine, else experts one at a time). Prints tok/s, MFU on active parameters (6 x active
+matmul parameters x tokens + causal attention, over `--peak-tflops`), peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import time
+import traceback
+
+import torch
+
+from trainer.config import ActorConfig
+
+ARGS_LR = 1e-3
+
+
+def _tiny_moe():
+    from trainer.config import ModelConfig
+    from trainer.models import load_model_and_tokenizer
+
+    m, _ = load_model_and_tokenizer(ModelConfig(path="tiny:qwen3_moe"), seed=0)
+    with torch.no_grad():
+        for r in m.modules():
+            if type(r).__name__.endswith("TopKRouter"):
+                r.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    return m
+
+
+def _actor_cfg() -> ActorConfig:
+    return ActorConfig(lr=ARGS_LR, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9)
+
+
+def _batch():
+    from tests.helpers.batches import N_RESP, R, unequal_lengths_batch
+
+    b, g = unequal_lengths_batch(5)
+    b.advantages = torch.randn(N_RESP, 1, generator=g).expand(N_RESP, R) * b.response_mask
+    b.old_logprobs = -2.0 + 0.1 * torch.randn(N_RESP, R, generator=g)
+    return b
+
+
+def reference(path: str) -> None:
+    from trainer.backends.megatron import MegatronActor
+
+    hf = _tiny_moe()
+    init = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    a = MegatronActor.from_hf(hf, _actor_cfg(), temperature=1.0, max_response_length=6, device=torch.device("cpu"))
+    metrics = a.update(_batch(), 2)
+    torch.save({"init": init, "after": dict(a.named_weights()), "metrics": metrics}, path)
+    print(f"reference written: {path} grad_norm={metrics['actor/grad_norm']:.6f}")
+
+
+def check(path: str) -> dict:
+    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron_gpu import use_megatron_optimizer
+
+    ref = torch.load(path, weights_only=False)
+    hf = _tiny_moe()
+    hf.load_state_dict(ref["init"])
+    a = MegatronActor.from_hf(hf, _actor_cfg(), temperature=1.0, max_response_length=6, device=torch.device("cuda"),
+                              dtype=torch.bfloat16)
+    dispatcher = a.bridge.config.moe_token_dispatcher_type
+    use_megatron_optimizer(a)
+    metrics = a.update(_batch(), 2)
+    after = dict(a.named_weights())
+    worst, n_out, n_all, moved = 0.0, 0, 0, 0.0
+    for k, want in ref["after"].items():
+        got = after[k].float().cpu()
+        d = (got - want).abs()
+        tol = 2.5e-4 + 8e-3 * want.abs()  # bf16 rounding of the weight (2^-8 relative) + a quarter Adam step
+        n_out += int((d > tol).sum())
+        n_all += d.numel()
+        worst = max(worst, float(d.max()))
+        moved = max(moved, float((want - ref["init"][k]).abs().max()))
+    out = {"dispatcher": dispatcher, "optimizer": type(a.megatron_optimizer).__name__,
+           "grad_norm_gpu": metrics["actor/grad_norm"], "grad_norm_cpu": ref["metrics"]["actor/grad_norm"],
+           "pg_loss_gpu": metrics["actor/pg_loss"], "pg_loss_cpu": ref["metrics"]["actor/pg_loss"],
+           "max_abs_weight_diff": worst, "elements_outside_bf16_tol": n_out, "elements": n_all,
+           "max_update_cpu": moved, "pass": n_out <= n_all // 1000}
+    print("check:", json.dumps(out))
+    from megatron.core import parallel_state as ps
+
+    ps.destroy_model_parallel()
+    return out
+
+
+# --------------------------------------------------------------------------- benchmark
+
+def qwen3_30b_a3b(layers: int):
+    from transformers import Qwen3MoeConfig
+
+    return Qwen3MoeConfig(hidden_size=2048, num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
+                          head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                          num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+                          vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                          tie_word_embeddings=False, router_aux_loss_coef=0.0)
+
+
+def active_flops(c, batch: int, seq: int) -> float:
+    """Training FLOPs of one step on active parameters: 6 x (attention + k experts + router + LM head)
+    matmul parameters x tokens, plus causal attention scores (3 x 2 x 2 x s^2/2 x heads x head_dim)."""
+    h, hd = c.hidden_size, c.head_dim
+    attn = h * c.num_attention_heads * hd * 2 + h * c.num_key_value_heads * hd * 2
+    experts = c.num_experts_per_tok * 3 * h * c.moe_intermediate_size + h * c.num_experts
+    per_token = c.num_hidden_layers * (attn + experts) + h * c.vocab_size
+    scores = c.num_hidden_layers * 3 * 2 * 2 * (seq * seq / 2) * c.num_attention_heads * hd * batch
+    return 6.0 * per_token * batch * seq + scores
+
+
+def _timed(step, warmup: int, steps: int) -> float:
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        step()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / steps
+
+
+def bench_transformers(c, batch: int, seq: int, impl: str, warmup: int, steps: int) -> dict:
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(c, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                             experts_implementation=impl).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    x = torch.randint(0, c.vocab_size, (batch, seq), device="cuda")
+
+    def step():
+        loss = model(input_ids=x, labels=x).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    s = _timed(step, warmup, steps)
+    used = model.config._experts_implementation
+    return {"seconds": s, "experts_implementation": used}
+
+
+def bench_megatron(c, batch: int, seq: int, grouped: bool, warmup: int, steps: int) -> dict:
+    from megatron.core import parallel_state as ps
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+    from trainer.backends.megatron import build_bridge, build_gpt_model, init_parallel
+    from trainer.backends.megatron_gpu import _Steps
+
+    init_parallel(1, 1, seed=0)
+    bridge = build_bridge(c, dtype=torch.bfloat16, use_cpu_initialization=False, moe_grouped_gemm=grouped)
+    model = build_gpt_model(bridge).cuda().bfloat16()
+    ddp = DistributedDataParallel(config=bridge.config, ddp_config=DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True), module=model)
+    opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-5, bf16=True, params_dtype=torch.bfloat16,
+                                                 use_distributed_optimizer=True, clip_grad=1.0), [ddp])
+    steps_obj = _Steps(ddp, opt, 1e-5, 0)
+    x = torch.randint(0, c.vocab_size, (batch, seq), device="cuda")
+    pos = torch.arange(seq, device="cuda")[None].expand(batch, seq)
+    mask = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device="cuda"), 1)[None, None]
+
+    def step():
+        steps_obj.zero_grad()
+        loss = ddp(x, pos, mask, labels=x)  # [b, s] per-token loss
+        loss.float().mean().backward()
+        ddp.finish_grad_sync()
+        opt.step()
+
+    s = _timed(step, warmup, steps)
+    experts = type(model.decoder.layers[0].mlp.experts).__name__
+    out = {"seconds": s, "experts_module": experts, "dispatcher": bridge.config.moe_token_dispatcher_type,
+           "optimizer": type(opt).__name__}
+    ps.destroy_model_parallel()
+    return out
+
+
+def bench(layers: int, batch: int, seq: int, peak: float, warmup: int, steps: int) -> list[dict]:
+    c = qwen3_30b_a3b(layers)
+    flops = active_flops(c, batch, seq)
+    rows = []
+    variants = [("fsdp2+transformers", lambda: bench_transformers(c, batch, seq, "grouped_mm", warmup, steps)),
+                ("megatron grouped_gemm", lambda: bench_megatron(c, batch, seq, True, warmup, steps)),
+                ("megatron sequential experts", lambda: bench_megatron(c, batch, seq, False, warmup, max(1, steps // 2)))]
+    for name, fn in variants:
+        gc.collect()
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+        try:
+            r = fn()
+            r.update(name=name, tok_s=batch * seq / r["seconds"], mfu_active=flops / r["seconds"] / (peak * 1e12),
+                     peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)
+        except Exception as e:  # noqa: BLE001 - a variant that does not run is reported, not hidden
+            r = {"name": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+            traceback.print_exc()
+        print("bench:", json.dumps(r), flush=True)
+        rows.append(r)
+    print(f"\nQwen3-30B-A3B shape, {layers} layers, {batch}x{seq} tokens, active TFLOP/step {flops / 1e12:.1f}")
+    print(f"{'variant':30s} {'tok/s':>10s} {'MFU(active)':>12s} {'peak GiB':>9s}")
+    for r in rows:
+        if "error" in r:
+            print(f"{r['name']:30s} ERROR {r['error'][:80]}")
+        else:
+            print(f"{r['name']:30s} {r['tok_s']:10.0f} {100 * r['mfu_active']:11.1f}% {r['peak_mem_gib']:9.1f}")
+    return rows
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--reference", help="CPU: write the fp32 reference here")
+    p.add_argument("--check", help="GPU: compare with this reference")
+    p.add_argument("--bench", action="store_true")
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=1024)
+    p.add_argument("--peak-tflops", type=float, default=989.0)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--out", help="write results as JSON here")
+    a = p.parse_args()
+    results: dict = {}
+    if a.reference:
+        reference(a.reference)
+        return
+    if a.check:
+        try:
+            results["check"] = check(a.check)
+        except Exception as e:  # noqa: BLE001 - reported in the results, the benchmark still runs
+            traceback.print_exc()
+            results["check"] = {"error": f"{type(e).__name__}: {e}"}
+    if a.bench:
+        results["bench"] = bench(a.layers, a.batch, a.seq, a.peak_tflops, a.warmup, a.steps)
+    if a.out:
+        import megatron.core
+        import transformers
+
+        results["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                               "megatron-core": megatron.core.__version__,
+                               "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"}
+        with open(a.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
