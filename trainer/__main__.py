@@ -5,6 +5,8 @@
 
 Writes `<trainer.out_dir>/metrics.jsonl` (one line per step, verl's names; see docs/metrics.md),
 `config.yaml` (resolved), `env.json` and checkpoints. Bad input prints one line and exits 2.
+The same command again resumes from the newest intact checkpoint, or says the run is complete
+(`trainer.resume=false` starts over; docs/resume.md).
 """
 
 from __future__ import annotations
