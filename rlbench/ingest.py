@@ -61,7 +61,9 @@ _SOURCE_OF_FORMAT = {
 # refused in JSON logs and skipped with a warning in console logs, read in bounded memory.
 MAX_LINE_BYTES = 1 << 20
 _BINARY_PROBE = 8192
-_DETECT_LINES = 5000  # console format detection reads this many lines at most
+_DETECT_LINES = 5000
+# Miles record kinds -> the counter their number is (rollout id, optimizer step, evaluation).
+_MILES_FAMILY = {"perf": "rollout/step", "rollout": "rollout/step", "step": "train/step", "eval": "eval/step"}  # console format detection reads this many lines at most
 
 
 @dataclass
@@ -169,7 +171,7 @@ def _loads(line: str) -> Any:
 
 
 def _load_json_lines(lines: list[str], path: Path, fmt: str, warnings: list[str],
-                     seen: list[tuple[int, int]]) -> dict[int, dict[str, Any]]:
+                     seen: list[Any]) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
     last = max((i for i, line in enumerate(lines) if line and not line.isspace()), default=-1)
     paired = fmt in ("verl-jsonl", "rlbench")
@@ -205,18 +207,20 @@ def _load_json_lines(lines: list[str], path: Path, fmt: str, warnings: list[str]
         else:  # miles-jsonl: a flat dict with a step key
             step = _step_of(record, f"{path}:{i + 1}")
             _merge(rows, step, record)
-        seen.append((step, i + 1))
+        seen.append((step, i + 1, "" if paired else next((k for k in STEP_KEYS if k in record), "")))
     return rows
 
 
 def _load_miles_console(lines: list[str], path: Path, warnings: list[str],
-                        seen: list[tuple[int, int]]) -> dict[int, dict[str, Any]]:
+                        seen: list[Any]) -> dict[int, dict[str, Any]]:
     rows: dict[int, dict[str, Any]] = {}
 
     def emit(record: dict[str, Any], kind: str, rid: str, where: str) -> None:
         has_step = any(k in record for k in STEP_KEYS)
         step = _step_of(record, f"{path}:{where.split()[-1].split('-')[0]}") if has_step else int(rid)
-        seen.append((step, int(where.split()[-1].split("-")[0])))
+        key = next((k for k in STEP_KEYS if k in record), None)
+        family = key or _MILES_FAMILY.get(kind.split("-")[-1], kind)
+        seen.append((step, int(where.split()[-1].split("-")[0]), family))
         _merge(rows, step, record)
 
     read_miles_console(lines, warnings, emit)
@@ -306,28 +310,32 @@ def _mb(n: int) -> str:
     return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n} bytes"
 
 
-def step_order_warnings(seen: list[tuple[int, int]]) -> list[str]:
-    """Warnings for a step sequence (step, line) that goes back or repeats after other steps.
+def step_order_warnings(seen: list[tuple[int, int]] | list[tuple[int, int, str]]) -> list[str]:
+    """Warnings for a step sequence (step, line[, family]) that goes back or repeats after other steps.
 
     Consecutive lines of one step are normal (verl's file logger may split a step); a step that
     comes again after another one (a resumed or concatenated run), or a step lower than the one
-    before it, is named with its lines.
+    before it, is named with its lines. Each family of step keys is its own sequence (Miles counts
+    rollouts, optimizer steps and evaluations separately and interleaves their lines).
     """
     out: list[str] = []
     back: list[str] = []
     again: dict[int, list[int]] = {}
-    first_line: dict[int, int] = {}
-    prev: int | None = None
-    for step, line in seen:
-        if step == prev:
+    first_line: dict[tuple[str, int], int] = {}
+    prev: dict[str, int] = {}
+    for item in seen:
+        step, line = item[0], item[1]
+        family = item[2] if len(item) > 2 else ""  # type: ignore[misc]
+        before = prev.get(family)
+        if step == before:
             continue
-        if prev is not None and step < prev:
-            back.append(f"step {step} at line {line} after step {prev}")
-        if step in first_line:
-            again.setdefault(step, [first_line[step]]).append(line)
+        if before is not None and step < before:
+            back.append(f"step {step} at line {line} after step {before}")
+        if (family, step) in first_line:
+            again.setdefault(step, [first_line[(family, step)]]).append(line)
         else:
-            first_line[step] = line
-        prev = step
+            first_line[(family, step)] = line
+        prev[family] = step
     if back:
         more = f" and {len(back) - 4} more" if len(back) > 4 else ""
         out.append(f"steps go back: {'; '.join(back[:4])}{more} (a resumed or concatenated run?); "
@@ -339,10 +347,10 @@ def step_order_warnings(seen: list[tuple[int, int]]) -> list[str]:
     return out
 
 
-def _drop_negative_steps(rows: dict[int, dict[str, Any]], seen: list[tuple[int, int]], warnings: list[str]) -> None:
+def _drop_negative_steps(rows: dict[int, dict[str, Any]], seen: list[Any], warnings: list[str]) -> None:
     neg = sorted({s for s in rows if s < 0})
     if neg:
-        lines = [str(line) for s, line in seen if s < 0][:5]
+        lines = [str(item[1]) for item in seen if item[0] < 0][:5]
         warnings.append(f"negative steps {', '.join(map(str, neg[:5]))} (line {', '.join(lines)}) are not steps "
                         "of a run; ignored")
         for s in neg:
@@ -395,7 +403,7 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     if fmt == "auto":
         fmt = detect_format(lines, path)
     warnings: list[str] = []
-    seen: list[tuple[int, int]] = []
+    seen: list[Any] = []  # (step, line[, family]) of each record, in file order
     if oversize:
         n, size = oversize[0]
         if fmt in ("verl-jsonl", "rlbench", "miles-jsonl"):

@@ -278,3 +278,14 @@ def test_miles_jsonl_line_without_a_step_key_is_refused(tmp_path: Path) -> None:
     path = _write(tmp_path / "m.jsonl", ['{"rollout/step": 0, "perf/step_time": 1.0}', '{"perf/step_time": 2.0}'])
     with pytest.raises(DataError, match=r"m\.jsonl:2: no step key \(one of step, rollout/step"):
         load_metrics(path)
+
+
+def test_miles_counters_interleaved_are_not_out_of_order(tmp_path: Path) -> None:
+    """Miles logs rollout, optimizer-step and eval records with separate counters, interleaved."""
+    lines = ["INFO - perf 1: {'perf/rollout_time': 1.0}", "INFO - step 0: {'train/ppo_kl': 0.1}",
+             "INFO - perf 1: {'perf/step_time': 2.0}", "INFO - step 1: {'train/ppo_kl': 0.2}",
+             "INFO - eval 1: {'eval/aime': 0.5}", "INFO - perf 2: {'perf/rollout_time': 1.0}",
+             "INFO - perf 0: {'perf/rollout_time': 9.0}"]
+    log = load_metrics(_write(tmp_path / "m.log", lines))
+    assert log.warnings == [("steps go back: step 0 at line 7 after step 2 (a resumed or concatenated run?); "
+                             "the table is sorted by step")]
