@@ -51,8 +51,10 @@ def out_dir_lock(out_dir: Path) -> Iterator[None]:
 
 def train(cfg: TrainerConfig) -> Path:
     """Run the configured job (colocated or fully-async) and return `<out_dir>/metrics.jsonl`."""
+    from trainer.backends.strategy import check_strategy
     from trainer.preflight import preflight
 
+    check_strategy(cfg)  # actor.strategy: never a silent fallback to another backend
     preflight(cfg)
     out_dir = Path(cfg.trainer.out_dir)
     with out_dir_lock(out_dir):
