@@ -33,6 +33,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rlbench.check_inputs import check_arch, check_profile, read_logs, validate_arch
 from rlbench.results import BAD_VERDICTS, CheckResult
 from rlbench.suite import MODE_NAMES, PROFILE_NAMES, Suite, discover_suites, profile_unmet_requirements
 from trainer.errors import ConfigError, RLBenchError
@@ -93,33 +94,6 @@ def _print_outcome(outcome: Any) -> int:
 
 
 # ---------------------------------------------------------------------------- helpers
-def known_arches(suite: Suite | None = None, detected: str | None = None) -> list[str]:
-    """Arches `--arch` accepts: cpu, the device table's, the suites' and this machine's."""
-    from rlbench.runner import ARCH_DEVICES
-    from trainer.platform import KNOWN_DEVICES
-
-    out = {"cpu", *ARCH_DEVICES, *(d.arch for d in KNOWN_DEVICES.values())}
-    if suite is not None:
-        out.add(suite.published_on.arch)
-        out.update(a for ref in suite.references for a in (ref.arch or []) if a != "any")
-    if detected:
-        out.add(detected)
-    return sorted(out)
-
-
-def validate_arch(arch: str, suite: Suite | None = None, detected: str | None = None) -> None:
-    known = known_arches(suite, detected)
-    if arch not in known:
-        raise ConfigError(f"--arch {arch}: not a known arch; choose one of {', '.join(known)} "
-                          "(the part of the GPU's arch name before ':', e.g. gfx942 or sm_90)")
-
-
-def _detected_arch() -> str:
-    from trainer.platform import detect_arch
-
-    return detect_arch()
-
-
 def _env(arch: str | None) -> tuple[dict[str, Any], str]:
     """The machine record and the arch to use (`--arch`, checked against the detected one)."""
     from rlbench.runner import arch_mismatch
@@ -187,63 +161,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     return _print_outcome(outcome)
 
 
-def _note(text: str) -> None:
-    print(f"note: {text}", file=sys.stderr)
-
-
-def _check_arch(args: argparse.Namespace, suite: Suite, profile: str) -> str:
-    """The arch to check as: `--arch` (validated), the published arch for full, cpu on a CPU machine."""
-    if args.arch is not None:
-        validate_arch(args.arch, suite)
-        return args.arch
-    if profile == "full":
-        _note(f"--arch not given; checking as the published arch {suite.published_on.arch}")
-        return suite.published_on.arch
-    if profile == "cpu" and _detected_arch() == "cpu":
-        _note("--arch not given; profile cpu on this CPU-only machine: checking as arch cpu")
-        return "cpu"
-    raise ConfigError(f"--arch: say which arch the {profile} run ran on (e.g. --arch cpu or gfx942)")
-
-
-def _read_logs(args: argparse.Namespace) -> dict[str, Any]:
-    """Every log named on the command line, read once: path -> MetricLog."""
-    from rlbench.ingest import load_metrics
-
-    paths = list(args.logs) + [item.partition("=")[2] for item in args.run or [] if "=" in item]
-    logs = {}
-    for p in dict.fromkeys(paths):
-        if p:
-            logs[p] = load_metrics(p, fmt=args.format, reward_is_accuracy=args.reward_is_accuracy)
-    return logs
-
-
-def _check_profile(args: argparse.Namespace, suite: Suite, logs: dict[str, Any]) -> str:
-    """`--profile`, or the one the logs' shape matches (said on stderr); warns on a plain mismatch."""
-    from rlbench.profile_guess import guess_profile, shape_mismatch
-
-    if args.profile is not None:
-        for p, log in logs.items():
-            warning = shape_mismatch(suite, args.profile, log.frame)
-            if warning:
-                print(f"warning: {p}: {warning}", file=sys.stderr)
-        return args.profile
-    guesses = {p: guess_profile(suite, log.frame) for p, log in logs.items()}
-    found = {g for g, _ in guesses.values()}
-    if len(found) == 1 and None not in found:
-        profile = found.pop()
-        seen = "; ".join(why for _, why in guesses.values())
-        _note(f"--profile not given; the log's shape ({seen}) matches profile {profile} of {suite.id}: "
-              f"checking as {profile} (pass --profile to choose)")
-        return profile
-    why = "; ".join(why for _, why in guesses.values()) or "no log"
-    _note(f"--profile not given and {why}: checking as full, the published run (pass --profile to choose)")
-    for p, log in logs.items():
-        warning = shape_mismatch(suite, "full", log.frame)
-        if warning:
-            print(f"warning: {p}: {warning}", file=sys.stderr)
-    return "full"
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     from rlbench.coverage import Coverage
     from rlbench.runner import evaluate_runs, find_suite
@@ -252,16 +169,16 @@ def cmd_check(args: argparse.Namespace) -> int:
     if args.arch is not None:
         validate_arch(args.arch, suite)
     if args.profile is not None:
-        args.arch = _check_arch(args, suite, args.profile)
+        args.arch = check_arch(args, suite, args.profile)
         _mode_logs(suite, args.profile, args.logs, args.mode, args.run)  # bad --run/--mode before any reading
     elif not args.logs and not args.run:
         raise ConfigError("no logs given: pass LOG (a verl/Miles/rlbench metrics log) or --run MODE=PATH")
     for item in args.run or []:
         _run_item(item)
-    logs = _read_logs(args) if not (args.logs and args.run) else {}
-    profile = _check_profile(args, suite, logs)
+    logs = read_logs(args) if not (args.logs and args.run) else {}
+    profile = check_profile(args, suite, logs)
     if args.profile is None:
-        args.arch = _check_arch(args, suite, profile)
+        args.arch = check_arch(args, suite, profile)
     paths = _mode_logs(suite, profile, args.logs, args.mode, args.run)
     runs = {}
     steps = suite.profile(profile).steps
@@ -270,7 +187,7 @@ def cmd_check(args: argparse.Namespace) -> int:
         for w in log.warnings:
             print(f"warning: {path}: {w}", file=sys.stderr)
         for n in log.notes:
-            _note(f"{path}: {n}")
+            print(f"note: {path}: {n}", file=sys.stderr)
         span = f"steps {log.first_step}-{log.last_step}"
         print(f"{mode}: {path} ({log.source_format}, {len(log.frame)} steps: {span}, {len(log.frame.columns)} "
               "metrics)", file=sys.stderr)
@@ -323,7 +240,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     result = run_selftest(find_suite(args.suite), args.profile, mutations=args.mutations.split(",") if args.mutations else None,
                           clean_seeds=seeds, mutation_seed=args.mutation_seed, steps=args.steps or None,
                           work=args.work, out=args.out,
-                          tiny=args.tiny, sets=args.set, rev=args.rev)
+                          tiny=args.tiny, sets=args.set, rev=args.rev, evaluate_only=args.evaluate_only)
     print(markdown(result))
     return exit_code(result)
 
@@ -334,7 +251,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     directory = Path(args.suites_dir) if args.suites_dir else (
         Path("suites") if Path("suites").is_dir() else PROJECT_ROOT / "suites")
     if args.arch is not None:
-        validate_arch(args.arch, detected=_detected_arch())
+        from rlbench.check_inputs import detected_arch
+
+        validate_arch(args.arch, detected=detected_arch())
     info = machine_info(args.arch)
     print(f"machine: arch {info['arch']}, {info['num_gpus']} GPU(s), device {info['device_name'] or '-'}")
     for suite in discover_suites(directory):
@@ -403,6 +322,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--tiny", action="store_true", help="tiny random-init model, mechanics checks only")
     st.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="trainer override (repeatable)")
     st.add_argument("--rev", help="mutate the trainer of this git commit (default: the working tree's)")
+    st.add_argument("--evaluate-only", action="store_true", help="train nothing; re-check the runs in --work")
     st.add_argument("--work", default="runs/selftest", help="run folders (default runs/selftest)")
     st.add_argument("--out", default="reports/selftest", help="table .md and .json (default reports/selftest)")
     st.set_defaults(func=cmd_selftest)

@@ -45,6 +45,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
 from rlbench.console_logs import parse_scalar, read_miles_console, read_verl_console
+from rlbench.log_lines import MAX_LINE_BYTES, drop_negative_steps, mb, read_lines, step_order_warnings
 from rlbench.vocab import STEP_KEYS, accuracy_twin, canonical_name_and_scale
 from trainer.errors import ConfigError, DataError
 
@@ -57,10 +58,6 @@ _SOURCE_OF_FORMAT = {
     "rlbench": "rlbench",
 }
 
-# A physical line longer than this is not a metrics line (a verl step line is a few kB): it is
-# refused in JSON logs and skipped with a warning in console logs, read in bounded memory.
-MAX_LINE_BYTES = 1 << 20
-_BINARY_PROBE = 8192
 _DETECT_LINES = 5000
 # Miles record kinds -> the counter their number is (rollout id, optimizer step, evaluation).
 _MILES_FAMILY = {"perf": "rollout/step", "rollout": "rollout/step", "step": "train/step", "eval": "eval/step"}  # console format detection reads this many lines at most
@@ -275,88 +272,6 @@ def detect_format(lines: list[str], path: Path) -> str:
     )
 
 
-def read_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> tuple[list[str], list[tuple[int, int]]]:
-    """The file's lines (UTF-8, undecodable bytes replaced) and (line number, bytes) of each line over
-    `max_line_bytes`, which comes back as "" and is skipped unread (memory stays bounded)."""
-    lines: list[str] = []
-    oversize: list[tuple[int, int]] = []
-    try:
-        with path.open("rb") as f:
-            head = f.read(_BINARY_PROBE)
-            if b"\0" in head:
-                raise DataError(f"{path}: is a binary file (NUL bytes in its first {len(head)} bytes), not a "
-                                "metrics log; pass the verl/Miles/rlbench log (text)")
-            f.seek(0)
-            while True:
-                chunk = f.readline(max_line_bytes + 1)
-                if not chunk:
-                    break
-                if len(chunk) > max_line_bytes and not chunk.endswith(b"\n"):
-                    size = len(chunk)
-                    while chunk and not chunk.endswith(b"\n"):  # skip the rest of the line, 1 MiB at a time
-                        chunk = f.readline(max_line_bytes)
-                        size += len(chunk)
-                    oversize.append((len(lines) + 1, size))
-                    lines.append("")
-                    continue
-                lines.append(chunk.decode("utf-8", errors="replace").rstrip("\r\n"))
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read the metrics log ({exc.strerror}); check the path and its "
-                        "permissions") from None
-    return lines, oversize
-
-
-def _mb(n: int) -> str:
-    return f"{n / 1e6:.1f} MB" if n >= 1e5 else f"{n} bytes"
-
-
-def step_order_warnings(seen: list[tuple[int, int]] | list[tuple[int, int, str]]) -> list[str]:
-    """Warnings for a step sequence (step, line[, family]) that goes back or repeats after other steps.
-
-    Consecutive lines of one step are normal (verl's file logger may split a step); a step that
-    comes again after another one (a resumed or concatenated run), or a step lower than the one
-    before it, is named with its lines. Each family of step keys is its own sequence (Miles counts
-    rollouts, optimizer steps and evaluations separately and interleaves their lines).
-    """
-    out: list[str] = []
-    back: list[str] = []
-    again: dict[int, list[int]] = {}
-    first_line: dict[tuple[str, int], int] = {}
-    prev: dict[str, int] = {}
-    for item in seen:
-        step, line = item[0], item[1]
-        family = item[2] if len(item) > 2 else ""  # type: ignore[misc]
-        before = prev.get(family)
-        if step == before:
-            continue
-        if before is not None and step < before:
-            back.append(f"step {step} at line {line} after step {before}")
-        if (family, step) in first_line:
-            again.setdefault(step, [first_line[(family, step)]]).append(line)
-        else:
-            first_line[(family, step)] = line
-        prev[family] = step
-    if back:
-        more = f" and {len(back) - 4} more" if len(back) > 4 else ""
-        out.append(f"steps go back: {'; '.join(back[:4])}{more} (a resumed or concatenated run?); "
-                   "the table is sorted by step")
-    if again:
-        items = [f"{s} (lines {', '.join(map(str, ls[:4]))})" for s, ls in list(again.items())[:4]]
-        out.append(f"steps logged again after other steps: {'; '.join(items)}"
-                   f"{' and more' if len(again) > 4 else ''}; their metrics are merged, the later line wins")
-    return out
-
-
-def _drop_negative_steps(rows: dict[int, dict[str, Any]], seen: list[Any], warnings: list[str]) -> None:
-    neg = sorted({s for s in rows if s < 0})
-    if neg:
-        lines = [str(item[1]) for item in seen if item[0] < 0][:5]
-        warnings.append(f"negative steps {', '.join(map(str, neg[:5]))} (line {', '.join(lines)}) are not steps "
-                        "of a run; ignored")
-        for s in neg:
-            del rows[s]
-
-
 def _accuracy_from_reward(frame: pd.DataFrame, path: Path, notes: list[str]) -> pd.DataFrame:
     """Copy each validation mean reward to its accuracy name, after checking the rewards are 0/1."""
     for col in list(frame.columns):
@@ -397,7 +312,7 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     if not any(lines):
         if oversize:
             n, size = oversize[0]
-            raise DataError(f"{path}:{n}: a {_mb(size)} line, over the {_mb(max_line_bytes)} limit of a metrics "
+            raise DataError(f"{path}:{n}: a {mb(size)} line, over the {mb(max_line_bytes)} limit of a metrics "
                             "line, and nothing else: this is not a metrics log")
         raise DataError(f"{path}: the file is empty; a metrics log has one line per step")
     if fmt == "auto":
@@ -407,10 +322,10 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     if oversize:
         n, size = oversize[0]
         if fmt in ("verl-jsonl", "rlbench", "miles-jsonl"):
-            raise DataError(f"{path}:{n}: line is {_mb(size)}, over the {_mb(max_line_bytes)} limit of a metrics "
+            raise DataError(f"{path}:{n}: line is {mb(size)}, over the {mb(max_line_bytes)} limit of a metrics "
                             "line; a JSON metrics line is a few kB: fix or delete that line")
         more = f" (and {len(oversize) - 1} more)" if len(oversize) > 1 else ""
-        warnings.append(f"line {n}: {_mb(size)} long, over the {_mb(max_line_bytes)} limit of a log line; "
+        warnings.append(f"line {n}: {mb(size)} long, over the {mb(max_line_bytes)} limit of a log line; "
                         f"skipped unread{more}")
     if fmt in ("verl-jsonl", "rlbench", "miles-jsonl"):
         rows = _load_json_lines(lines, path, fmt, warnings, seen)
@@ -418,7 +333,7 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
         rows = read_verl_console(lines, warnings, seen)
     else:
         rows = _load_miles_console(lines, path, warnings, seen)
-    _drop_negative_steps(rows, seen, warnings)
+    drop_negative_steps(rows, seen, warnings)
     warnings.extend(step_order_warnings(seen))
     frame = _frame(rows, path, fmt)
     notes: list[str] = []

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlbench import cli
+from rlbench import check_inputs, cli
 from tests.helpers.verl_logs import qwen3_8b_grpo_steps, write_qwen3_8b_grpo_log
 
 SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
@@ -96,7 +96,7 @@ def test_non_monotone_steps_are_warned(tmp_path: Path, capsys) -> None:
 
 # ---------------------------------------------------------------- profile and arch
 def test_profile_guessed_from_the_log_shape_and_cpu_arch_defaulted(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "_detected_arch", lambda: "cpu")
+    monkeypatch.setattr(check_inputs, "detected_arch", lambda: "cpu")
     log = _shaped_log(tmp_path / "cpu.jsonl", steps=8, seqs=32)  # cpu profile: 8 steps of 8 prompts x n 4
     _, _, err = _main(["check", str(log), "--suite", SUITE, "--out", str(tmp_path / "o")], capsys)
     assert ("note: --profile not given; the log's shape (8 steps, 32 sequences per step, longest response 20 "
@@ -129,7 +129,7 @@ def test_plain_shape_mismatch_is_warned_with_the_hint(tmp_path: Path, capsys) ->
 
 
 def test_cpu_profile_on_a_gpu_machine_still_needs_arch(tmp_path: Path, capsys, monkeypatch) -> None:
-    monkeypatch.setattr(cli, "_detected_arch", lambda: "gfx942")
+    monkeypatch.setattr(check_inputs, "detected_arch", lambda: "gfx942")
     log = _shaped_log(tmp_path / "cpu.jsonl", steps=8, seqs=32)
     rc, _, err = _main(["check", str(log), "--suite", SUITE, "--profile", "cpu"], capsys)
     assert rc == 2 and err.strip().endswith("--arch: say which arch the cpu run ran on (e.g. --arch cpu or gfx942)")

@@ -1,0 +1,105 @@
+"""What `rlbench check` checks against: the arch (`--arch`, validated, or defaulted and said), the
+profile (`--profile`, or guessed from the logs' shape and said), and the logs read once.
+
+    from rlbench.check_inputs import check_arch, check_profile, validate_arch
+    validate_arch("gfx999")                     # ConfigError listing the known arches
+    profile = check_profile(args, suite, logs)  # notes and mismatch warnings on stderr
+
+Known arches: cpu, those of the device table (trainer/platform.py), of the suite (published and
+reference arches) and this machine's. Defaults: the full profile checks as the published arch;
+the cpu profile on a CPU-only machine as cpu; mini needs `--arch`. Profile guessing is
+rlbench/profile_guess.py; without a single match the published profile (full) is used, and said.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from rlbench.suite import Suite
+from trainer.errors import ConfigError
+
+
+def known_arches(suite: Suite | None = None, detected: str | None = None) -> list[str]:
+    """Arches `--arch` accepts: cpu, the device table's, the suites' and this machine's."""
+    from rlbench.runner import ARCH_DEVICES
+    from trainer.platform import KNOWN_DEVICES
+
+    out = {"cpu", *ARCH_DEVICES, *(d.arch for d in KNOWN_DEVICES.values())}
+    if suite is not None:
+        out.add(suite.published_on.arch)
+        out.update(a for ref in suite.references for a in (ref.arch or []) if a != "any")
+    if detected:
+        out.add(detected)
+    return sorted(out)
+
+
+def validate_arch(arch: str, suite: Suite | None = None, detected: str | None = None) -> None:
+    known = known_arches(suite, detected)
+    if arch not in known:
+        raise ConfigError(f"--arch {arch}: not a known arch; choose one of {', '.join(known)} "
+                          "(the part of the GPU's arch name before ':', e.g. gfx942 or sm_90)")
+
+
+def detected_arch() -> str:
+    from trainer.platform import detect_arch
+
+    return detect_arch()
+
+
+def _note(text: str) -> None:
+    print(f"note: {text}", file=sys.stderr)
+
+
+def check_arch(args: argparse.Namespace, suite: Suite, profile: str) -> str:
+    """The arch to check as: `--arch` (validated), the published arch for full, cpu on a CPU machine."""
+    if args.arch is not None:
+        validate_arch(args.arch, suite)
+        return args.arch
+    if profile == "full":
+        _note(f"--arch not given; checking as the published arch {suite.published_on.arch}")
+        return suite.published_on.arch
+    if profile == "cpu" and detected_arch() == "cpu":
+        _note("--arch not given; profile cpu on this CPU-only machine: checking as arch cpu")
+        return "cpu"
+    raise ConfigError(f"--arch: say which arch the {profile} run ran on (e.g. --arch cpu or gfx942)")
+
+
+def read_logs(args: argparse.Namespace) -> dict[str, Any]:
+    """Every log named on the command line, read once: path -> MetricLog."""
+    from rlbench.ingest import load_metrics
+
+    paths = list(args.logs) + [item.partition("=")[2] for item in args.run or [] if "=" in item]
+    logs = {}
+    for p in dict.fromkeys(paths):
+        if p:
+            logs[p] = load_metrics(p, fmt=args.format, reward_is_accuracy=args.reward_is_accuracy)
+    return logs
+
+
+def check_profile(args: argparse.Namespace, suite: Suite, logs: dict[str, Any]) -> str:
+    """`--profile`, or the one the logs' shape matches (said on stderr); warns on a plain mismatch."""
+    from rlbench.profile_guess import guess_profile, shape_mismatch
+
+    if args.profile is not None:
+        for p, log in logs.items():
+            warning = shape_mismatch(suite, args.profile, log.frame)
+            if warning:
+                print(f"warning: {p}: {warning}", file=sys.stderr)
+        return args.profile
+    guesses = {p: guess_profile(suite, log.frame) for p, log in logs.items()}
+    found = {g for g, _ in guesses.values()}
+    if len(found) == 1 and None not in found:
+        profile = found.pop()
+        seen = "; ".join(why for _, why in guesses.values())
+        _note(f"--profile not given; the log's shape ({seen}) matches profile {profile} of {suite.id}: "
+              f"checking as {profile} (pass --profile to choose)")
+        return profile
+    why = "; ".join(why for _, why in guesses.values()) or "no log"
+    _note(f"--profile not given and {why}: checking as full, the published run (pass --profile to choose)")
+    for p, log in logs.items():
+        warning = shape_mismatch(suite, "full", log.frame)
+        if warning:
+            print(f"warning: {p}: {warning}", file=sys.stderr)
+    return "full"
