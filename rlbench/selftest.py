@@ -25,7 +25,9 @@ needs step 2 and is left out of it), so one step instead of eight makes the self
 bounds hold for any model (`TINY_METRICS`: log-prob agreement, on-policy first mini-batch, weight
 sync, advantage centring, finite loss); the learning and golden checks need the real model.
 
-The trainer copied is the working tree's, or with `--rev REV` that commit's (`git archive`).
+The trainer copied is the working tree's, or with `--rev REV` that commit's (`git archive`; REV is
+resolved once, so every job mutates the same trainer). `--evaluate-only` trains nothing: it
+re-evaluates the runs already in `<work>` (after a check changed) and says so in the table.
 A mutated run that crashes is shown as such and not counted as caught (a crash is as likely a
 broken setup as a caught bug). Runs go to `<work>/<job>/` (metrics.jsonl, train.log, job.json); a job whose job.json matches its
 mutation and config is reused, so an interrupted selftest resumes. The result table goes to
@@ -88,6 +90,28 @@ class Job:
         return sorted(c for c, v in self.verdicts.items() if v not in _OK)
 
 
+def resolve_rev(rev: str | None) -> str | None:
+    """`rev` as a full commit hash, once, so that every job of a selftest mutates the same trainer."""
+    if rev is None:
+        return None
+    out = subprocess.run(["git", "-C", str(PROJECT_ROOT), "rev-parse", "--verify", f"{rev}^{{commit}}"],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise ConfigError(f"--rev {rev}: not a commit of this repository ({out.stderr.strip()})")
+    return out.stdout.strip()
+
+
+def _reuse_only(job: Job, status) -> None:
+    """`evaluate_only`: take the job's earlier run as it is (its job.json says how it went)."""
+    done = job.folder / "job.json"
+    if not done.is_file():
+        job.crashed = f"no earlier run in {job.folder}"
+        return
+    prev = json.loads(done.read_text())
+    job.crashed, job.wall_s = prev.get("crashed"), float(prev.get("wall_s", 0.0))
+    status(f"{job.key}: evaluating the earlier run in {job.folder}")
+
+
 def _train(job: Job, cfg: dict[str, Any], *, rev: str | None, status) -> None:
     """Train `cfg` with a scratch copy of the trainer carrying `job.mutation`; reuse a matching earlier run."""
     job.folder.mkdir(parents=True, exist_ok=True)
@@ -118,7 +142,8 @@ def _train(job: Job, cfg: dict[str, Any], *, rev: str | None, status) -> None:
         job.wall_s = time.perf_counter() - t0
     tail = (job.folder / "train.log").read_text().strip().splitlines()[-3:]
     job.crashed = None if rc == 0 else f"exit {rc}: " + " | ".join(tail)
-    done.write_text(json.dumps({"ident": ident, "crashed": job.crashed, "wall_s": job.wall_s}, indent=2))
+    done.write_text(json.dumps({"ident": ident, "crashed": job.crashed, "wall_s": job.wall_s,
+                                "trainer": rev or "working tree", "trainer_tree": trainer_digest(rev)}, indent=2))
 
 
 def _prefix_determined(stat: str | None, op: str | None, n: int, window: tuple[int, int] | None, steps: int) -> bool:
@@ -165,7 +190,7 @@ def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | N
                  clean_seeds: list[int] | None = None, mutation_seed: int = 0, steps: int | None = DEFAULT_STEPS,
                  work: str | Path = "runs/selftest",
                  out: str | Path | None = "reports/selftest", tiny: bool = False, sets: list[str] | None = None, rev: str | None = None,
-                 status=lambda line: print(f"[selftest] {line}", file=sys.stderr, flush=True)) -> dict[str, Any]:
+                 evaluate_only: bool = False, status=lambda line: print(f"[selftest] {line}", file=sys.stderr, flush=True)) -> dict[str, Any]:
     """Run the clean seeds and the mutations, evaluate the suite's checks; write and return the result."""
     prof = suite.profile(profile)
     if prof.modes != ["colocated"]:
@@ -176,6 +201,7 @@ def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | N
     if unknown:
         raise ConfigError(f"--mutations: unknown {', '.join(unknown)}; known: {', '.join(MUTATIONS)}")
     clean_seeds = list(DEFAULT_CLEAN_SEEDS if clean_seeds is None else clean_seeds)
+    rev = resolve_rev(rev)
     if steps is not None and not 1 <= steps <= prof.steps:
         raise ConfigError(f"--steps {steps}: give 1..{prof.steps} (the {profile} profile's steps), or 0 for all of them")
     steps = None if steps is None or steps == prof.steps else steps
@@ -188,13 +214,17 @@ def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | N
     t0 = time.perf_counter()
     for job in jobs:
         cfg = resolved_config(suite, profile, "colocated", job.seed, job.folder, sets)
-        _train(job, cfg, rev=rev, status=status)
+        if evaluate_only:
+            _reuse_only(job, status)
+        else:
+            _train(job, cfg, rev=rev, status=status)
         _evaluate(job, checked, profile, TINY_METRICS if tiny else None, steps)
         status(f"{job.key}: " + (f"CRASHED {job.crashed}" if job.crashed else
                                   f"{len(job.failed())} of {len(job.verdicts)} checks failed: {', '.join(job.failed())}"))
     result = summarize(suite, profile, jobs, tiny=tiny, sets=sets, wall_s=time.perf_counter() - t0)
     result["steps"] = steps or prof.steps
     result["trainer_rev"] = rev or "working tree"
+    result["evaluate_only"] = evaluate_only
     if out is not None:
         write_result(result, Path(out), tag)
     return result
@@ -247,7 +277,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"Machine: {result['machine']['hostname']}, {result['machine']['cpu_count']} CPUs, {result['machine']['platform']}; "
         f"torch {v.get('torch')}, transformers {v.get('transformers')}, python {result.get('python')}; "
         f"commit {str(git.get('commit'))[:10]}{' (dirty)' if git.get('dirty') else ''}; {result['date']}; "
-        f"trainer from {result.get('trainer_rev', 'working tree')}; {result['wall_s'] / 60:.1f} min." + (f" Overrides: {' '.join(result['sets'])}." if result["sets"] else ""),
+        f"trainer from {result.get('trainer_rev', 'working tree')}; {result['wall_s'] / 60:.1f} min"
+        + (" (checks re-evaluated on earlier runs)." if result.get("evaluate_only") else ".") + (f" Overrides: {' '.join(result['sets'])}." if result["sets"] else ""),
         "",
         "| mutation | area | the bug | caught by (checks failing here and on no clean run) | run s |",
         "|---|---|---|---|---|",
