@@ -136,4 +136,7 @@ def preflight(cfg: TrainerConfig) -> None:
     """Every start-time check, cheapest first."""
     check_out_dir(cfg.trainer.out_dir)
     check_devices(cfg)
+    from trainer.models_vlm import check_multimodal_support
+
+    check_multimodal_support(cfg)  # a vision-language model.path: the paths that take images
     check_model(cfg)
