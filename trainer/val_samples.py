@@ -4,7 +4,7 @@ With ``trainer.log_val_generations: K`` (verl's name) each validation writes the
 responses to ``<out_dir>/samples/step_<step>.jsonl``, one JSON object per line:
 
     {"step": 10,                      # the training step whose weights answered (0: before training)
-     "index": 3,                      # the row's position in the validation set
+     "index": 3,                      # the row's extra_info.index (else its position in this validation batch)
      "data_source": "synthetic/geometry",
      "prompt": "<|im_start|>user\\n<|vision_start|><|image_pad|>...",   # decoded prompt, image tokens collapsed to one
      "response": "4",                 # decoded response (special tokens dropped, as the reward sees it)
