@@ -54,6 +54,8 @@ import atexit
 import os
 import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -166,6 +168,26 @@ def normalize_finish_reason(reason: Any, where: str) -> str:
     return out
 
 
+def watch_engine_core(core: Any, dead_error: type[BaseException], period_s: float = 0.5) -> bool:
+    """Wake a caller blocked in `llm_engine.step()` when vLLM's engine-core process dies.
+
+    vLLM 0.32's synchronous client (`SyncMPClient`) marks the engine dead from its monitor thread
+    (`resources.engine_dead`) but puts nothing into the queue `get_output()` blocks on, so a step
+    waiting for an engine that was killed waits forever. This daemon thread puts `dead_error()`
+    there once the flag is set, which `get_output` raises. Returns False (nothing to watch) for an
+    in-process engine."""
+    resources, queue = getattr(core, "resources", None), getattr(core, "outputs_queue", None)
+    if resources is None or queue is None or not hasattr(resources, "engine_dead"):
+        return False
+
+    def watch() -> None:
+        while not resources.engine_dead:
+            time.sleep(period_s)
+        queue.put_nowait(dead_error())
+    threading.Thread(target=watch, name="rlbench-vllm-engine-watch", daemon=True).start()
+    return True
+
+
 class _Rows:
     """Tokens, log-probs and finish reason of each request row, filled from vLLM's DELTA outputs."""
 
@@ -220,6 +242,7 @@ class VLLMRolloutEngine(RolloutEngine):
         self.version = 0
         self._asleep = False
         self._calls = 0
+        self._watching = False
 
     # ------------------------------------------------------------------ sampling
     def _seed(self) -> int:
@@ -238,6 +261,11 @@ class VLLMRolloutEngine(RolloutEngine):
         Returns per row the new tokens, their log-probs and a finish reason ("stop", "length", or
         "abort" when `should_stop()` returned True before the row finished)."""
         engine = self.llm.llm_engine
+        if not self._watching and self._dead_errors:
+            self._watching = watch_engine_core(getattr(engine, "engine_core", None), self._dead_errors[0])
+        if getattr(getattr(getattr(engine, "engine_core", None), "resources", None), "engine_dead", False):
+            raise self._died("generate", self._dead_errors[0]("the engine core process is gone")
+                             if self._dead_errors else RuntimeError("engine dead"))
         self._calls += 1
         request_ids = [f"rlbench-{self._calls}-{i}" for i in range(len(rows))]
         acc = _Rows(request_ids)
@@ -377,6 +405,11 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
         raise missing_engine_error("vllm", e) from None
     check_version(str(vllm.__version__))
     check_tensor_parallel(cfg.rollout.tensor_parallel_size, device)
+    for key in ("temperature", "val_temperature"):
+        t = getattr(cfg.rollout, key)
+        if t > 2.0:  # vLLM's SamplingParams refuses it, at the first generate call
+            raise ConfigError(f"rollout.{key}={t}: vLLM samples at temperatures in [0, 2] (fix: set rollout.{key} "
+                              f"to at most 2, or use rollout.engine=hf)")
     dtype = resolve_dtype(cfg.model.dtype)
     specs = [(hf_weight_name(n), tuple(p.shape), dtype or p.dtype) for n, p in model.named_parameters()]
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer)
