@@ -122,7 +122,7 @@ def _train(job: Job, cfg: dict[str, Any], *, rev: str | None, status) -> None:
     done = job.folder / "job.json"
     if done.is_file():
         prev = json.loads(done.read_text())
-        if prev.get("ident") == ident:
+        if prev.get("ident") == ident and prev.get("crashed") is None:  # a crashed run is tried again
             job.crashed, job.wall_s = prev.get("crashed"), float(prev.get("wall_s", 0.0))
             status(f"{job.key}: reusing {job.folder}")
             return
