@@ -23,8 +23,9 @@ inside the grammar of its format:
 
 Values: plain numbers, numpy/torch reprs (`np.float64(0.5)`, `tensor(0.5, device='cuda:0')`),
 `nan`/`inf`, booleans. A value that is not a number is warned about and ignored. Continuation
-lines that start with ` - key:` while no record is open are warned about (an unrelated line cut
-the record) and ignored.
+lines holding ` - key:value` items while no record is open are warned about (an unrelated line
+cut the record) and ignored. A Kubernetes/CRI container-log prefix (`<time> stdout P `, P for a
+line the runtime split) is removed first, so split lines rejoin like wrapped ones.
 """
 
 from __future__ import annotations
@@ -62,7 +63,11 @@ _STEP = re.compile(r"step:(?P<step>-?\d+)")
 _STEP_HEAD = re.compile(r"(?:^|(?<=[\s)\]]))(?:s|st|ste|step|step:|step:-)$")
 # Where a verl record starts: "step:N" at the start, after a space, ')' or ']' (a Ray prefix).
 _VERL_START = re.compile(r"(?:^|(?<=[\s)\]]))step:-?\d+")
-_ORPHAN_ITEM = re.compile(rf"^\s*-\s+{_KEY}:\S")
+# " - key:number" somewhere in a line no record took: items cut off from their "step:N".
+_ORPHAN_ITEM = re.compile(rf"(?:^|\s)-\s+{_KEY}:(?:{_REPR}|{_NUM})(?=\s+-\s+{_KEY}:|\s*$)")
+# Kubernetes/CRI container log prefix: "<RFC 3339 time> stdout|stderr F|P " (P: a partial line,
+# the rest follows on the next entry).
+_CRI = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d) (?:stdout|stderr) [FP] ")
 
 _MILES_START = re.compile(
     r"(?:^|[\s:\])])(?P<kind>perf|eval|rollout|(?:\w+-)?step)\s+(?P<id>\d+):\s*(?P<dict>\{.*)?$"
@@ -74,8 +79,9 @@ _BARE_INF = re.compile(r"(?<![\w'\"/.])inf(?![\w'\"])")
 
 
 def clean(line: str) -> str:
-    """A physical line without ANSI colours, Ray's `[repeated Nx ...]` suffix and trailing spaces."""
-    return _RAY_REPEAT.sub("", _ANSI.sub("", line)).rstrip()
+    """A physical line without a container-log prefix, ANSI colours, Ray's `[repeated Nx ...]`
+    suffix and trailing spaces."""
+    return _RAY_REPEAT.sub("", _ANSI.sub("", _CRI.sub("", line, count=1))).rstrip()
 
 
 def parse_scalar(text: str) -> float | None:
@@ -260,7 +266,7 @@ def read_verl_console(lines: list[str], warnings: list[str],
         head = None
         if start is not None:
             rec = _Record(line[start:], i)
-        elif _ORPHAN_ITEM.match(_RAY_PREFIX.sub("", line, count=1)):
+        elif _ORPHAN_ITEM.search(_RAY_PREFIX.sub("", line, count=1)):
             orphans.append(i)
         else:
             m = _STEP_HEAD.search(line)

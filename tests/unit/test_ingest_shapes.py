@@ -289,3 +289,22 @@ def test_miles_counters_interleaved_are_not_out_of_order(tmp_path: Path) -> None
     log = load_metrics(_write(tmp_path / "m.log", lines))
     assert log.warnings == [("steps go back: step 0 at line 7 after step 2 (a resumed or concatenated run?); "
                              "the table is sorted by step")]
+
+
+def test_container_log_split_lines_rejoin(tmp_path: Path) -> None:
+    """Kubernetes (CRI) splits long lines into partial entries tagged P, each with its own prefix."""
+    line, out = verl_console_line(3), []
+    for i in range(0, len(line), 100):
+        tag = "P" if i + 100 < len(line) else "F"
+        out.append(f"2026-01-01T12:00:0{i // 100 % 10}.123456789Z stdout {tag} {line[i:i + 100]}")
+    log = load_metrics(_write(tmp_path / "cri.log", out))
+    assert log.warnings == [] and len(log.frame.columns) == 9
+    assert log.frame.loc[3, "perf/total_num_tokens"] == 12288.0
+
+
+def test_items_after_a_foreign_prefix_are_not_dropped_silently(tmp_path: Path) -> None:
+    line = verl_console_line(1)
+    cut = line.index(" - actor/lr")  # the break falls between two items; the collector stamps the rest
+    log = load_metrics(_write(tmp_path / "ts.log", [line[:cut], "[node-3 12:00:01]" + line[cut:]]))
+    assert "actor/lr" not in log.frame.columns
+    assert log.warnings[-1].startswith("line 2: ' - key:value' items outside any step record")
