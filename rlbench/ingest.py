@@ -107,9 +107,11 @@ def _step_of(record: dict[str, Any], where: str) -> int:
     for key in STEP_KEYS:
         if key in record:
             raw = record[key]
+            if isinstance(raw, bool) or raw is None:
+                raise DataError(f"{where}: step key {key!r} has value {raw!r}, expected an integer")
             try:
                 step = int(raw)
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):
                 raise DataError(f"{where}: step key {key!r} has value {raw!r}, expected an integer") from None
             if isinstance(raw, float) and raw != step:
                 raise DataError(f"{where}: step key {key!r} has value {raw!r}, expected an integer")

@@ -30,6 +30,9 @@ def read_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> tuple[list[s
     try:
         with path.open("rb") as f:
             head = f.read(_BINARY_PROBE)
+            if head.startswith((b"\xff\xfe", b"\xfe\xff")):
+                raise DataError(f"{path}: is UTF-16 text; convert it to UTF-8 first "
+                                f"(iconv -f UTF-16 -t UTF-8 {path.name} > {path.stem}.utf8{path.suffix})")
             if b"\0" in head:
                 raise DataError(f"{path}: is a binary file (NUL bytes in its first {len(head)} bytes), not a "
                                 "metrics log; pass the verl/Miles/rlbench log (text)")
@@ -46,7 +49,8 @@ def read_lines(path: Path, max_line_bytes: int = MAX_LINE_BYTES) -> tuple[list[s
                     oversize.append((len(lines) + 1, size))
                     lines.append("")
                     continue
-                lines.append(chunk.decode("utf-8", errors="replace").rstrip("\r\n"))
+                text = chunk.decode("utf-8", errors="replace").rstrip("\r\n")
+                lines.append(text.removeprefix("\ufeff") if not lines else text)  # a UTF-8 byte-order mark
     except OSError as exc:
         raise DataError(f"{path}: cannot read the metrics log ({exc.strerror}); check the path and its "
                         "permissions") from None

@@ -308,3 +308,17 @@ def test_items_after_a_foreign_prefix_are_not_dropped_silently(tmp_path: Path) -
     log = load_metrics(_write(tmp_path / "ts.log", [line[:cut], "[node-3 12:00:01]" + line[cut:]]))
     assert "actor/lr" not in log.frame.columns
     assert log.warnings[-1].startswith("line 2: ' - key:value' items outside any step record")
+
+
+def test_text_encodings_and_odd_steps(tmp_path: Path) -> None:
+    bom = tmp_path / "bom.jsonl"
+    bom.write_bytes(b"\xef\xbb\xbf" + b'{"step": 1, "data": {"a/x": 1}}\r\n{"step": 2, "data": {"a/x": 2}}\r\n')
+    assert list(load_metrics(bom).frame["a/x"]) == [1.0, 2.0]  # BOM and CRLF line ends
+    utf16 = tmp_path / "u16.log"
+    utf16.write_bytes("step:1 - a/x:1\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"u16\.log: is UTF-16 text; convert it to UTF-8 first \(iconv"):
+        load_metrics(utf16)
+    for raw in ("true", "null", "1e400"):
+        path = _write(tmp_path / "s.jsonl", ['{"step": 1, "data": {"a/x": 1}}', f'{{"step": {raw}, "data": {{"a/x": 1}}}}'])
+        with pytest.raises(DataError, match=r"s\.jsonl:2: step key 'step' has value .*, expected an integer"):
+            load_metrics(path)
