@@ -259,7 +259,7 @@ def test_sandbox_layers_in_env_json_and_turn_metrics(tmp_path, tok) -> None:
     batch.meta = {k: [st[k] for st in out.turn_stats] for k in out.turn_stats[0]}
     m = turn_metrics(batch)
     assert m["agent/tool_errors/total"] == 1 and m["agent/tool_calls/mean"] == 1
-    assert 0.3 <= m["timing_s/tool"] < 5 and 0.15 <= m["agent/tool_seconds/mean"] < m["timing_s/tool"]
+    assert m["timing_s/tool"] >= 0.3 and 0.15 <= m["agent/tool_seconds/mean"] <= m["timing_s/tool"]
 
 
 class HostileEngine(RolloutEngine):

@@ -256,10 +256,34 @@ def _write(path: str, text: str) -> None:
         fh.write(text)
 
 
+def _remove_stale(parent: str, prefix: str) -> None:
+    """Remove `<parent>/<prefix><pid>` trees left by zygotes that died without cleaning up."""
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(prefix):]
+        if not name.startswith(prefix) or not pid.isdigit() or os.path.exists(f"/proc/{pid}"):
+            continue
+        base = os.path.join(parent, name)
+        for sub in os.listdir(base) if os.path.isdir(base) else []:
+            if sub.startswith("call-"):
+                try:
+                    os.rmdir(os.path.join(base, sub))
+                except OSError:
+                    pass  # a process is still inside: leave it
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
+
+
 class CallCgroups:
-    """Where per-call pids and memory cgroups go: `create(name, ...)` -> directories to join, `remove`."""
+    """Where per-call pids and memory cgroups go: `create(name)` -> directories, `limit`, `move`, `remove`."""
 
     def __init__(self, base_name: str) -> None:
+        prefix = base_name.rsplit("-", 1)[0] + "-"
         own = _own_cgroups()
         self.kind = ""
         self.bases: list[str] = []
@@ -267,11 +291,13 @@ class CallCgroups:
         if all(p is not None and os.path.isdir(root) for root, p in v1):
             bases = [os.path.join(root, p.lstrip("/"), base_name) for root, p in v1]
             for b in bases:
+                _remove_stale(os.path.dirname(b), prefix)
                 os.makedirs(b, exist_ok=True)
             self.kind, self.bases = "v1", bases
             return
         if "" in own and os.path.exists("/sys/fs/cgroup/cgroup.controllers"):
             base = os.path.join("/sys/fs/cgroup", own[""].lstrip("/"), base_name)
+            _remove_stale(os.path.dirname(base), prefix)
             os.makedirs(base, exist_ok=True)
             with open(os.path.join(base, "cgroup.controllers")) as fh:
                 have = fh.read().split()

@@ -33,6 +33,7 @@ supervisor's result, never waiting for end-of-file (a leftover process cannot ho
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import importlib.util
 import json
@@ -98,6 +99,15 @@ def _sandbox_ids(user: str) -> tuple[int, int] | None:
     return 65534, 65534
 
 
+def _remove_stale_bases() -> None:
+    """Folders of sandboxes whose process died without `close()` (named rlbench-sandbox-<pid>-*)."""
+    root = Path(tempfile.gettempdir())
+    for d in root.glob("rlbench-sandbox-*-*"):
+        pid = d.name.split("-")[2]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _closed_to_others(path: str) -> bool:
     """Whether a folder above `path` denies search to users other than its owner and group."""
     parts = Path(path).resolve().parents
@@ -136,14 +146,16 @@ class Sandbox:
                  spares: int = 2) -> None:
         self.user = user
         self._base_owned = base_dir is None
-        self.base_dir = base_dir or tempfile.mkdtemp(prefix="rlbench-sandbox-")
+        if base_dir is None:
+            _remove_stale_bases()
+        self.base_dir = base_dir or tempfile.mkdtemp(prefix=f"rlbench-sandbox-{os.getpid()}-")
         os.chmod(self.base_dir, 0o711)
         ids = _sandbox_ids(user)
         spec = importlib.util.find_spec("pyseccomp")
         self._cfg = {"uid": ids[0] if ids else None, "gid": ids[1] if ids else None, "base_dir": self.base_dir,
                      "prefixes": _prefixes(), "ro_paths": [*_prefixes(), *_RO_SYSTEM], "rw_files": list(_RW_FILES),
                      "pyseccomp_dir": os.path.dirname(spec.origin) if spec and spec.origin else None,
-                     "disk_poll_s": disk_poll_s, "spares": spares,
+                     "disk_poll_s": disk_poll_s, "spares": spares, "owns_base_dir": self._base_owned,
                      "prefix_closed": any(_closed_to_others(p) for p in _prefixes())}
         self._lock = threading.Lock()
         self._proc: subprocess.Popen | None = None
@@ -160,7 +172,7 @@ class Sandbox:
                "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
         self._proc = subprocess.Popen([sys.executable, "-I", str(_ZYGOTE), json.dumps(self._cfg), str(child.fileno())],
                                       pass_fds=(child.fileno(),), env=env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, cwd="/")
+                                      stdout=subprocess.DEVNULL, cwd="/", start_new_session=True)
         child.close()
         parent.settimeout(60)
         hello = parent.recv(1 << 16)
@@ -304,6 +316,7 @@ def get_sandbox(user: str = SANDBOX_USER) -> Sandbox:
     with _SHARED_LOCK:
         if _SHARED is None:
             _SHARED = Sandbox(user=user)
+            atexit.register(_SHARED.close)
         return _SHARED
 
 

@@ -394,6 +394,8 @@ def main() -> None:
     finally:
         for conn in spares:
             conn.close()  # each spare removes its cgroups and exits
+        if cfg.get("owns_base_dir"):
+            shutil.rmtree(cfg["base_dir"], ignore_errors=True)
         if _CGROUPS is not None:
             for _ in range(100):
                 _CGROUPS.close()
