@@ -5,9 +5,11 @@ never answers a figure question with a number, so GRPO on it has no reward to le
 trains `tiny:qwen2.5-vl` (vision tower included) for a few supervised steps on the *training*
 split of a synthetic geometry level: prompt = figure + question, target = the answer digits then
 ``<|im_end|>``, loss = mean negative log-prob of the target tokens through the trainer's own
-log-prob path (`trainer.ops.logprobs.response_logprobs`). Stopped early on purpose, so the model
-answers in the right format and reads the figures above chance but far from perfectly: RL has
-something to improve, and its validation split (disjoint figures) was never trained on.
+log-prob path (`trainer.ops.logprobs.response_logprobs`). Its validation split (disjoint figures)
+is never trained on. What a given number of steps buys is measured, not assumed, and written to
+``warm_start.json``: after 40 steps (2 CPU cores, torch 2.13) the model answers every figure of
+geometry-easy with the format right but the same number, the most frequent answer ("1", greedy
+validation accuracy 0.375 = that answer's share of the 64 validation figures): format, no reading.
 
     python -m trainer.warm_start_vlm --task geometry-easy --steps 60
     # -> $RLBENCH_CACHE/models/tiny-qwen2.5-vl-sft-geometry-easy-60/ (HF folder + warm_start.json)
