@@ -37,6 +37,7 @@ from trainer.rollout.vllm_engine import (
     llm_kwargs,
     model_dir_for_engine,
     vllm_sampling_kwargs,
+    watch_engine_core,
 )
 from trainer.rollout.vllm_worker import decode_tensor
 
@@ -214,6 +215,18 @@ def test_vllm_engine_death_is_one_line_engine_died_error():
         msg = str(e.value)
         assert "\n" not in msg and "rollout.engine=vllm" in msg and "Dead: EngineCore encountered" in msg
         assert "fix:" in msg
+
+
+def test_vllm_watchdog_wakes_a_step_blocked_on_a_dead_engine_core():
+    import queue
+
+    core = SimpleNamespace(resources=SimpleNamespace(engine_dead=False), outputs_queue=queue.Queue())
+    assert watch_engine_core(core, Dead, period_s=0.01) is True
+    with pytest.raises(queue.Empty):
+        core.outputs_queue.get(timeout=0.05)  # alive: nothing queued
+    core.resources.engine_dead = True  # what vLLM's monitor thread sets when the process dies
+    assert isinstance(core.outputs_queue.get(timeout=5), Dead)
+    assert watch_engine_core(SimpleNamespace(), Dead) is False  # in-process engine: nothing to watch
 
 
 def test_vllm_weight_update_names_dtype_payloads_cache_and_sleep():

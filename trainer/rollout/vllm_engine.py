@@ -414,6 +414,11 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
     specs = [(hf_weight_name(n), tuple(p.shape), dtype or p.dtype) for n, p in model.named_parameters()]
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer)
     in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0"
+    dist = torch.distributed
+    if in_process and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        raise ConfigError(f"VLLM_ENABLE_V1_MULTIPROCESSING=0 with {dist.get_world_size()} data-parallel trainer "
+                          f"workers: an in-process vLLM would join the trainer's process group (fix: unset it, so "
+                          f"each worker's engine runs in processes of its own)")
     set_threads, threads = torch.set_num_threads, torch.get_num_threads()
     try:
         llm = vllm.LLM(**llm_kwargs(cfg, model_dir, device))
