@@ -273,6 +273,12 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
     lacks = needs_note(coverage, ref, ref.stat)
     if ref.stat == "steps_to_reach" and not lacks and result.actual is None:
         lacks = coverage.missing_for("final", ref.window)  # never reached: only the whole run says so
+    if not lacks and ref.window is None and ref.stat in ("first", "mean_first", "delta", "steps_to_reach"):
+        logged = frame[ref.metric].dropna().index
+        start = max(coverage.first, 1)
+        if len(logged) and int(logged.min()) > start:  # e.g. no validation before training
+            lacks = (f"{ref.stat} reads the run's start; {ref.metric} is first logged at step {int(logged.min())}, "
+                     f"the run starts at step {coverage.first}")
     if lacks and not conclusive_on_partial(ref.stat, ref.op or "", result.verdict == "pass"):
         result = not_evaluated_result(result, lacks)
     return _with_note(result, coverage)

@@ -131,3 +131,17 @@ def test_a_run_meant_to_be_short_is_checked_against_its_own_length() -> None:
     short = {r.check_id: r for r in evaluate(s, "full", run, arch="gfx950", device_name="MI350X", steps=2)}
     assert {k: r.verdict for k, r in short.items()} == {"band": "pass", "final": "pass"}
     assert all(r.coverage == "" for r in short.values())
+
+
+def test_first_of_a_metric_logged_only_later_is_not_evaluated() -> None:
+    """No validation before training: the first validation value is at step 5, not the step-0 one."""
+    refs = [{"id": "first", "metric": "acc", "stat": "first", "op": "approx", "value": 0.8, "tol": 0.05},
+            {"id": "peak", "metric": "acc", "stat": "peak", "op": ">=", "value": 0.5}]
+    steps = pd.Index(range(1, 21), name="step")
+    run = pd.DataFrame({"loss": 1.0, "acc": [0.82 if t % 5 == 0 else np.nan for t in steps]}, index=steps)
+    res = _one(refs, run, steps=20)
+    assert res["first"].verdict == "not_evaluated"
+    assert "first reads the run's start; acc is first logged at step 5, the run starts at step 1" in res["first"].message
+    assert res["peak"].verdict == "pass"
+    run.loc[1, "acc"] = 0.82  # validated at the first step
+    assert _one(refs, run, steps=20)["first"].verdict == "pass"
