@@ -162,14 +162,19 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
     return bridge
 
 
-def build_gpt_model(bridge: Any) -> torch.nn.Module:
-    """megatron-core GPTModel with the local layer spec, from the bridge's config."""
+def build_gpt_model(bridge: Any, *, grouped_experts: bool = True) -> torch.nn.Module:
+    """megatron-core GPTModel with the local layer spec, from the bridge's config. MoE experts:
+    `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron_experts.py`) or megatron's SequentialMLP."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
     c = bridge.config
     spec = get_gpt_layer_local_spec(num_experts=c.num_moe_experts, moe_grouped_gemm=c.moe_grouped_gemm,
                                     qk_layernorm=c.qk_layernorm, normalization=c.normalization)
+    if c.num_moe_experts and grouped_experts:
+        from trainer.backends.megatron_experts import use_grouped_experts
+
+        use_grouped_experts(spec)
     kw = bridge._get_gptmodel_args()
     bridge.vocab_size = bridge.padded_vocab_size = kw["vocab_size"]
     if bridge.make_vocab_size_divisible_by:
@@ -188,6 +193,21 @@ def _te_name(name: str, is_moe: bool) -> str:
     if not is_moe:
         name = DENSE_PRE_MLP[0].sub(DENSE_PRE_MLP[1], name)
     return name
+
+
+_GROUPED = re.compile(r"^(.*\.mlp\.experts)\.(fc[12])$")
+
+
+def _expanded(items: Any) -> Iterator[tuple[str, torch.Tensor]]:
+    """`GroupedExperts` weights `...mlp.experts.fc1 [E, 2I, H]` as per-expert views named like
+    SequentialMLP's (`...mlp.experts.local_experts.<e>.linear_fc1.weight`); other items unchanged."""
+    for name, t in items:
+        m = _GROUPED.match(name)
+        if m is None:
+            yield name, t
+            continue
+        for e in range(t.shape[0]):
+            yield f"{m.group(1)}.local_experts.{e}.linear_{m.group(2)}.weight", t[e]
 
 
 def _global_expert(name: str, bridge: Any) -> str:
@@ -224,7 +244,7 @@ def hf_checkpoint_tensors(hf_model: torch.nn.Module) -> dict[str, torch.Tensor]:
 def load_hf_weights(model: torch.nn.Module, bridge: Any, hf: dict[str, torch.Tensor]) -> None:
     """Copy HF checkpoint-layout tensors into this rank's shard of every megatron parameter."""
     is_moe = bool(bridge.config.num_moe_experts)
-    for name, param in model.state_dict(keep_vars=True).items():
+    for name, param in _expanded(model.state_dict(keep_vars=True).items()):
         if "_extra_state" in name:
             continue
         te = _global_expert(_te_name(name, is_moe), bridge)
@@ -272,7 +292,7 @@ def export_hf_weights(model: torch.nn.Module, bridge: Any) -> list[tuple[str, to
 
     is_moe = bool(bridge.config.num_moe_experts)
     out: list[tuple[str, torch.Tensor]] = []
-    for name, param in model.named_parameters():
+    for name, param in _expanded(model.named_parameters()):
         te = _te_name(name, is_moe)
         t = param.detach()
         expert = ".mlp.experts." in te

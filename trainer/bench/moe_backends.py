@@ -11,8 +11,9 @@ weights after `MegatronActor.update` (two mini-batches) on CPU in fp32 (torch Ad
 vocab 151936; `--layers` of its 48) with random weights, `--batch` x `--seq` tokens per step:
 transformers' Qwen3MoeForCausalLM (`experts_implementation` = grouped_mm, bf16 params, fused AdamW)
 and megatron-core's GPTModel through mbridge (local spec, bf16 params, megatron DDP + distributed
-optimizer, alltoall dispatcher; grouped expert GEMM where megatron-core runs it without
-TransformerEngine, else experts one at a time). Prints tok/s, MFU on active parameters (6 x active
+optimizer, alltoall dispatcher) with the experts as `GroupedExperts` (torch grouped_mm,
+trainer/backends/megatron_experts.py) and with megatron's own `moe_grouped_gemm=True`, which without
+TransformerEngine builds SequentialMLP (experts one at a time). Prints tok/s, MFU on active parameters (6 x active
 matmul parameters x tokens + causal attention, over `--peak-tflops`), peak memory.
 """
 
@@ -81,9 +82,14 @@ def check(path: str) -> dict:
     metrics = a.update(_batch(), 2)
     after = dict(a.named_weights())
     worst, n_out, n_all, moved = 0.0, 0, 0, 0.0
+    agree, big = 0, 0  # update direction where the CPU update is at least half a step
     for k, want in ref["after"].items():
         got = after[k].float().cpu()
         d = (got - want).abs()
+        d_cpu, d_gpu = want - ref["init"][k].float(), got - ref["init"][k].float()
+        sel = d_cpu.abs() > ARGS_LR / 2
+        big += int(sel.sum())
+        agree += int((torch.sign(d_cpu[sel]) == torch.sign(d_gpu[sel])).sum())
         tol = 2.5e-4 + 8e-3 * want.abs()  # bf16 rounding of the weight (2^-8 relative) + a quarter Adam step
         n_out += int((d > tol).sum())
         n_all += d.numel()
@@ -93,7 +99,8 @@ def check(path: str) -> dict:
            "grad_norm_gpu": metrics["actor/grad_norm"], "grad_norm_cpu": ref["metrics"]["actor/grad_norm"],
            "pg_loss_gpu": metrics["actor/pg_loss"], "pg_loss_cpu": ref["metrics"]["actor/pg_loss"],
            "max_abs_weight_diff": worst, "elements_outside_bf16_tol": n_out, "elements": n_all,
-           "max_update_cpu": moved, "pass": n_out <= n_all // 1000}
+           "max_update_cpu": moved, "update_sign_agreement": agree / max(big, 1), "elements_moved_half_step": big,
+           "experts_module": type(a.gpt.decoder.layers[0].mlp.experts).__name__, "pass": n_out <= n_all // 1000}
     print("check:", json.dumps(out))
     from megatron.core import parallel_state as ps
 
@@ -155,7 +162,7 @@ def bench_transformers(c, batch: int, seq: int, impl: str, warmup: int, steps: i
     return {"seconds": s, "experts_implementation": used}
 
 
-def bench_megatron(c, batch: int, seq: int, grouped: bool, warmup: int, steps: int) -> dict:
+def bench_megatron(c, batch: int, seq: int, grouped_experts: bool, warmup: int, steps: int) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
@@ -164,8 +171,9 @@ def bench_megatron(c, batch: int, seq: int, grouped: bool, warmup: int, steps: i
     from trainer.backends.megatron_gpu import _Steps
 
     init_parallel(1, 1, seed=0)
-    bridge = build_bridge(c, dtype=torch.bfloat16, use_cpu_initialization=False, moe_grouped_gemm=grouped)
-    model = build_gpt_model(bridge).cuda().bfloat16()
+    # moe_grouped_gemm=True without TransformerEngine still builds SequentialMLP (recorded as experts_module)
+    bridge = build_bridge(c, dtype=torch.bfloat16, use_cpu_initialization=False, moe_grouped_gemm=not grouped_experts)
+    model = build_gpt_model(bridge, grouped_experts=grouped_experts).cuda().bfloat16()
     ddp = DistributedDataParallel(config=bridge.config, ddp_config=DistributedDataParallelConfig(
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True), module=model)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-5, bf16=True, params_dtype=torch.bfloat16,
@@ -195,8 +203,8 @@ def bench(layers: int, batch: int, seq: int, peak: float, warmup: int, steps: in
     flops = active_flops(c, batch, seq)
     rows = []
     variants = [("fsdp2+transformers", lambda: bench_transformers(c, batch, seq, "grouped_mm", warmup, steps)),
-                ("megatron grouped_gemm", lambda: bench_megatron(c, batch, seq, True, warmup, steps)),
-                ("megatron sequential experts", lambda: bench_megatron(c, batch, seq, False, warmup, max(1, steps // 2)))]
+                ("megatron GroupedExperts", lambda: bench_megatron(c, batch, seq, True, warmup, steps)),
+                ("megatron moe_grouped_gemm", lambda: bench_megatron(c, batch, seq, False, warmup, max(1, steps // 2)))]
     for name, fn in variants:
         gc.collect()
         torch.cuda.empty_cache()
