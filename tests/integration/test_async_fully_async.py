@@ -109,9 +109,12 @@ def test_static_engine_with_partial_rollout(tmp_path: Path):
     assert facts["engine"] == "static" and facts["use_graphs"] is False  # CPU: the eager decode step
 
 
-def test_engines_without_interrupts_are_refused_up_front(tmp_path: Path):
+def test_ray_paths_take_every_engine_and_refuse_only_what_is_not_built(tmp_path: Path):
+    from trainer.distributed.trainer_worker import check_supported
     from trainer.errors import ConfigError
-    from trainer.modes.fully_async import train_fully_async
 
-    with pytest.raises(ConfigError, match="rollout.engine=vllm"):
-        train_fully_async(_cfg(tmp_path, "rollout.engine=vllm"))
+    for engine in ("hf", "static", "vllm", "sglang"):  # all interrupt and continue (partial rollout)
+        check_supported(_cfg(tmp_path, f"rollout.engine={engine}", "async.partial_rollout=true"))
+    with pytest.raises(ConfigError, match="critic.enable") as e:
+        check_supported(_cfg(tmp_path, "critic.enable=true"))
+    assert "\n" not in str(e.value) and "fix:" in str(e.value)
