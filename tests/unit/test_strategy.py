@@ -61,3 +61,14 @@ def test_model_type_forms(tmp_path):
     assert model_type(load_config({"model": {"path": "embedded:smollm2-135m-instruct"}}).model) == "llama"
     assert model_type(load_config({"model": {"path": "shape:qwen3-8b"}}).model) == "qwen3"
     assert importlib.util.find_spec("trainer.backends.megatron") is not None
+
+
+@pytest.mark.skipif(not HAS_MEGATRON, reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
+def test_megatron_unsupported_settings_stop_at_start(tmp_path):
+    base = {"strategy": "megatron"}
+    for extra, match in (({"moe_aux_loss_coeff": 0.01}, r"actor.moe_aux_loss_coeff=0.01: .*fix: set it to 0"),
+                         ({"megatron": {"pipeline_model_parallel_size": 2}}, r"pipeline_model_parallel_size=2"),
+                         ({"use_kl_loss": True}, r"actor.use_kl_loss: the reference policy")):
+        with pytest.raises(ConfigError, match=match):
+            check_strategy(_cfg(tmp_path, **base, **extra))
+    check_strategy(_cfg(tmp_path, **base))  # the single-process colocated run is accepted

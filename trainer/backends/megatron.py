@@ -77,6 +77,10 @@ def check_megatron_supported(cfg: TrainerConfig) -> None:
     if a.use_kl_loss or cfg.critic.enable:
         raise ConfigError(f"{'actor.use_kl_loss' if a.use_kl_loss else 'critic.enable'}: the reference policy and the "
                           f"critic are not built for actor.strategy=megatron (fix: turn it off, or actor.strategy=fsdp2)")
+    if a.moe_aux_loss_coeff > 0:
+        raise ConfigError(f"actor.moe_aux_loss_coeff={a.moe_aux_loss_coeff}: megatron's load-balancing loss is not "
+                          f"scaled to this trainer's loss normalization yet, and actor/moe/* metrics come from the "
+                          f"FSDP2 path only (fix: set it to 0 with actor.strategy=megatron, or use actor.strategy=fsdp2)")
     if cfg.rollout.engine not in ("hf", "static"):
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: actor.strategy=megatron syncs weights into the "
                           f"in-process engines only (fix: rollout.engine=hf, or actor.strategy=fsdp2)")
