@@ -3,8 +3,9 @@
     python -m trainer trainer/configs/grpo_smollm2_arithmetic.yaml trainer.mode=fully_async \\
         async.trigger_parameter_sync_step=2 async.staleness_threshold=0.5
 
-The rollout worker's engine is `rollout.engine: hf` or `static`: both are `InterruptibleEngine`s
-(trainer/rollout/base.py), which partial rollout needs; other engines are refused up front.
+The rollout worker's engine is any of `rollout.engine: hf | static | vllm | sglang`: partial rollout
+interrupts and continues each of them (the built-in engines' host decode loop, vLLM's and SGLang's
+own abort plus a resubmission of prompt + partial response; trainer/distributed/rollout_worker.py).
 
 Layout (Ray actors, placement groups; verl's fully_async_policy semantics, REFERENCES.md sec. 2):
 
