@@ -108,3 +108,20 @@ def test_upcycled_smollm2_matches_smollm2():
     diff = float((got - ref)[mask].abs().max())
     print(f"smollm2 upcycled E=4 k=2: max |dlogp| = {diff:.2e} over {int(mask.sum())} tokens")
     assert diff < 1e-5
+
+
+def test_flops_count_active_expert_parameters():
+    from transformers import MixtralConfig, Qwen3MoeConfig
+
+    from trainer.ops.flops import matmul_params
+
+    q = Qwen3MoeConfig(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4,
+                       head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
+                       num_experts_per_tok=8, vocab_size=151936, decoder_sparse_step=1, mlp_only_layers=[])
+    attn = 2048 * 4096 * 2 + 2048 * 512 * 2
+    assert matmul_params(q) == 48 * (attn + 8 * 3 * 2048 * 768 + 2048 * 128) + 151936 * 2048  # ~3.0B: "A3B"
+    half = q.__class__(**{**q.to_dict(), "mlp_only_layers": list(range(0, 48, 2))})
+    assert matmul_params(half) == 48 * attn + 24 * (8 * 3 * 2048 * 768 + 2048 * 128) + 24 * 3 * 2048 * 6144 + 151936 * 2048
+    m = MixtralConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, num_local_experts=4, num_experts_per_tok=2, vocab_size=100)
+    assert matmul_params(m) == 2 * (64 * 64 * 2 + 64 * 32 * 2 + 2 * 3 * 64 * 128 + 64 * 4) + 100 * 64
