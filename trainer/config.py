@@ -124,6 +124,9 @@ class ActorConfig(_Section):
     kl_loss_coef: float = 0.001
     kl_loss_type: str = Field("low_var_kl", description="k1|kl, abs, k2|mse, k3|low_var_kl")
     tis_cap: float | None = Field(None, description="truncated importance sampling cap for rollout/trainer mismatch; None = off")
+    freeze_vision_tower: bool = Field(False, description=(
+        "vision-language models: keep the vision tower's weights fixed (no gradients, no optimizer state, left out "
+        "of the weight sync); an error for a text-only model (verl's actor.freeze_vision_tower)"))
     moe_aux_loss_coeff: float = Field(0.0, ge=0, description=(
         "weight of the router load-balancing loss (Megatron's switch aux loss, 1.0 at perfect balance, summed "
         "over MoE layers) added to the policy loss; MoE models only"))
@@ -169,6 +172,9 @@ class TrainerSection(_Section):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     num_threads: int | None = Field(None, description="torch CPU threads (None: torch's default)")
     progress: bool = True
+    log_val_generations: int = Field(0, ge=0, description=(
+        "validation samples written per validation to <out_dir>/samples/step_<K>.jsonl (prompt, response, "
+        "ground truth, score, and each image as a base64 PNG thumbnail); 0: none (verl's trainer.log_val_generations)"))
 
 
 class AsyncConfig(_Section):
@@ -235,6 +241,10 @@ class TrainerConfig(_Section):
         if self.agent.enable and t.mode == "fully_async" and self.async_.partial_rollout:
             raise ValueError("agent.enable=true in trainer.mode=fully_async: the tool loop cannot be interrupted "
                              "mid-trajectory at a weight sync (fix: set async.partial_rollout=false)")
+        if t.log_val_generations and (t.mode != "colocated" or t.use_ray or t.n_gpus_per_node * t.nnodes > 1):
+            raise ValueError(f"trainer.log_val_generations={t.log_val_generations}: validation samples are written by "
+                             "the single-process colocated loop only (fix: set trainer.log_val_generations=0, or run "
+                             "trainer.mode=colocated on one device)")
         return self
 
     def to_dict(self) -> dict[str, Any]:

@@ -9,6 +9,8 @@
 - `tiny:qwen2`, `tiny:qwen3`, `tiny:llama`, and the mixtures of experts `tiny:qwen3_moe`,
   `tiny:mixtral` (4 experts, top-2): random-init 2-layer models of the real architectures
   with a byte-level tokenizer built on the spot (no download), for fast tests;
+- `tiny:qwen2.5-vl`: a random-init vision-language model with its tokenizer and image processor
+  (`trainer/models_vlm.py`, which also loads local Qwen2-VL / Qwen2.5-VL folders);
 - `shape:qwen2.5-0.5b` etc.: the public config of a real model (table below) with random weights,
   for throughput runs with `load_format: dummy` when the real weights are not on the machine.
 `load_format: dummy` keeps the shapes of whatever `path` names and re-initializes the weights.
@@ -139,7 +141,13 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
     dtype = resolve_dtype(cfg.dtype)
     path = cfg.path
     model: PreTrainedModel | None = None
-    if path.startswith("tiny:") or path.startswith("shape:"):
+    from trainer import models_vlm
+
+    if path.startswith("tiny:") and models_vlm.is_tiny_vlm(path.split(":", 1)[1]):
+        model, tokenizer = models_vlm.build_tiny_vlm(path.split(":", 1)[1], dtype=dtype, seed=seed, with_model=with_model,
+                                                     attn_implementation=cfg.attn_implementation,
+                                                     overrides=cfg.override_config)
+    elif path.startswith("tiny:") or path.startswith("shape:"):
         from trainer.data.tiny_tokenizer import build_tiny_tokenizer
         tokenizer = build_tiny_tokenizer()
         if path.startswith("tiny:"):
@@ -179,7 +187,10 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
         tok_src = Path(cfg.tokenizer_path).expanduser() if cfg.tokenizer_path else p
         try:
             tokenizer = AutoTokenizer.from_pretrained(tok_src, **({} if cfg.tokenizer_path else kw))
-            if with_model:
+            if with_model and models_vlm.config_is_vlm(p):
+                model = models_vlm.load_pretrained_vlm(p, dtype=dtype, attn_implementation=cfg.attn_implementation,
+                                                       dummy=cfg.load_format == "dummy", seed=seed)
+            elif with_model:
                 if cfg.load_format == "dummy":
                     config = AutoConfig.from_pretrained(p, **kw)
                     for k, v in cfg.override_config.items():

@@ -23,9 +23,11 @@ from trainer.config import DataConfig, TrainerConfig
 from trainer.data.dataset import PromptDataset, load_rows
 from trainer.data.synthetic import SPEC_PREFIX, ensure_synthetic, load_synthetic
 from trainer.models import eos_token_ids, load_model_and_tokenizer
+from trainer.models_vlm import check_multimodal_support, freeze_vision_tower, load_vision_processor
 from trainer.rewards import compute_score
 from trainer.rollout.base import RolloutEngine, SamplingParams
 from trainer.rollout.registry import build_engine
+from trainer.val_samples import sample_records, write_samples
 
 
 @dataclass
@@ -63,6 +65,7 @@ def pick_device(cfg: TrainerConfig) -> torch.device:
 def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Components:
     """Load the model, data, rollout engine, reference and critic a run needs."""
     device = pick_device(cfg)
+    check_multimodal_support(cfg)
     if cfg.trainer.num_threads:
         torch.set_num_threads(cfg.trainer.num_threads)
     torch.manual_seed(cfg.trainer.seed)
@@ -73,16 +76,21 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
         train_rows, val_rows = agent_rows(cfg.agent, train_rows, val_rows)
     # Load data before the model: a bad dataset path fails in a second, not after a model load.
     model, tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
+    processor = load_vision_processor(cfg.model.path, tokenizer, model)  # None for a text-only model
+    if cfg.actor.freeze_vision_tower:
+        freeze_vision_tower(model)
     train = PromptDataset(train_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                           batch_size=cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
-                          filter_overlong_prompts=cfg.data.filter_overlong_prompts, source=cfg.data.train_files)
+                          filter_overlong_prompts=cfg.data.filter_overlong_prompts, source=cfg.data.train_files,
+                          processor=processor)
     val = None
     if val_rows:
         if cfg.data.num_val_samples is not None:
             val_rows = val_rows[: cfg.data.num_val_samples]
         val = PromptDataset(val_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                             batch_size=cfg.data.val_batch_size or len(val_rows), seed=0, shuffle=False,
-                            filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files)
+                            filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files,
+                            processor=processor)
     eos = eos_token_ids(tokenizer, model)
     ref = None
     if cfg.actor.use_kl_loss:
@@ -127,10 +135,20 @@ def generate(engine: RolloutEngine, items: list[dict[str, Any]], params: Samplin
 
     Multi-turn rollouts (the agent engine) also put each response's turn counts in meta
     (`num_turns`, `tool_calls`, `tool_errors`) and `num_turns` into its extra_info (the ReTool reward).
+    Prompts with images pass their `multi_modal_inputs` to the engine and into meta (the trainer's
+    forward reads them there); `images` (the decoded figures) go to meta for validation samples.
     """
-    rollout = engine.generate([it["prompt_ids"] for it in items], params)
+    prompts = [it["prompt_ids"] for it in items]
+    if any("multi_modal_inputs" in it for it in items):
+        mm = [it.get("multi_modal_inputs") for it in items]
+        rollout = engine.generate(prompts, params, multi_modal_inputs=mm)
+    else:
+        rollout = engine.generate(prompts, params)
     batch = batch_from_rollout(rollout, pad_token_id=pad_token_id, max_response_length=max_response_length)
     batch.meta = {k: [items[g][k] for g in rollout.group_index] for k in ("data_source", "ground_truth", "extra_info")}
+    if any("multi_modal_inputs" in it for it in items):
+        for key in ("multi_modal_inputs", "images"):
+            batch.meta[key] = [items[g].get(key) for g in rollout.group_index]
     batch.meta["finish_reason"] = rollout.finish_reasons
     if rollout.turn_stats:
         for key in ("num_turns", "tool_calls", "tool_errors", "tool_s", "tool_wall_s"):
@@ -232,8 +250,10 @@ def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
 
 
 @torch.no_grad()
-def validate(c: Components) -> dict[str, float]:
-    """Greedy (by default) generation on the validation set: `val-core/<data_source>/acc/mean@N`."""
+def validate(c: Components, step: int | None = None) -> dict[str, float]:
+    """Greedy (by default) generation on the validation set: `val-core/<data_source>/acc/mean@N`.
+    With `trainer.log_val_generations` > 0 and a `step`, the first responses go to
+    `<out_dir>/samples/step_<step>.jsonl` (`trainer/val_samples.py`)."""
     if c.val_data is None:
         return {}
     cfg = c.cfg
@@ -242,15 +262,21 @@ def validate(c: Components) -> dict[str, float]:
     score_by_ds: dict[str, list[float]] = defaultdict(list)
     lengths: list[float] = []
     turns: list[float] = []
+    samples: list[dict[str, Any]] = []
     for items in c.val_data:
         batch = generate(c.engine, items, params, pad_token_id=c.tokenizer.pad_token_id,
                          max_response_length=cfg.data.max_response_length)
         scores, acc = score(batch, c.tokenizer, cfg)
+        if step is not None and len(samples) < cfg.trainer.log_val_generations:
+            samples += sample_records(batch, c.tokenizer, scores, acc, step=step,
+                                      num=cfg.trainer.log_val_generations - len(samples))
         for ds, a, s in zip(batch.meta["data_source"], acc.tolist(), scores.tolist()):
             acc_by_ds[ds].append(a)
             score_by_ds[ds].append(s)
         lengths += batch.response_mask.sum(-1).tolist()
         turns += [float(t) for t in batch.meta.get("num_turns", [])]
+    if samples:
+        write_samples(cfg.trainer.out_dir, step, samples)
     n = params.n
     out = {f"val-core/{ds}/acc/mean@{n}": sum(v) / len(v) for ds, v in acc_by_ds.items()}
     out.update({f"val-aux/{ds}/reward/mean@{n}": sum(v) / len(v) for ds, v in score_by_ds.items()})

@@ -153,8 +153,13 @@ class Actor:
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full (unsharded) weights by name, for syncing to the rollout engine. Under `bf16_params` these
-        are the bf16 module params the trainer's forward runs on (the engine gets the same weights)."""
+        are the bf16 module params the trainer's forward runs on (the engine gets the same weights). A frozen
+        vision tower (`actor.freeze_vision_tower`) is left out."""
+        from trainer.models_vlm import VISION_PREFIX
+
         for name, p in self.model.named_parameters():
+            if self.cfg.freeze_vision_tower and name.startswith(VISION_PREFIX):
+                continue  # frozen vision tower (actor.freeze_vision_tower): the engine's copy is already equal
             full = p.full_tensor() if hasattr(p, "full_tensor") else p
             yield name, full.detach()
 

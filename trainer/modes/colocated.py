@@ -65,7 +65,7 @@ def train_colocated(c: Components) -> Path:
 
     if start == 0 and cfg.trainer.test_freq > 0:
         t0 = time.perf_counter()
-        val = validate(c)
+        val = validate(c, step=0)
         if val:
             writer.write(0, {**val, "timing_s/testing": time.perf_counter() - t0})
             progress.update_val(val)
@@ -123,7 +123,7 @@ def train_colocated(c: Components) -> Path:
             # 7. validation and checkpoint
             if cfg.trainer.test_freq > 0 and (step % cfg.trainer.test_freq == 0 or step == cfg.trainer.total_steps):
                 with timer("testing"):
-                    val = validate(c)
+                    val = validate(c, step=step)
                 metrics.update(val)
                 progress.update_val(val)
             if cfg.trainer.save_freq > 0 and (step % cfg.trainer.save_freq == 0 or step == cfg.trainer.total_steps):

@@ -1,0 +1,172 @@
+"""Vision-language RL on a tiny random-init Qwen2.5-VL: parquet row -> engine inputs -> log-probs -> update."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("PIL", reason="image rows need Pillow (a base dependency: pip install pillow)")
+
+from trainer.backends.actor import Actor  # noqa: E402
+from trainer.batch import batch_from_rollout  # noqa: E402
+from trainer.config import ActorConfig, ModelConfig, load_config  # noqa: E402
+from trainer.data.dataset import PromptDataset, load_rows  # noqa: E402
+from trainer.data.synthetic import write_rows  # noqa: E402
+from trainer.data.synthetic_geometry import make_geometry_rows  # noqa: E402
+from trainer.errors import ConfigError  # noqa: E402
+from trainer.models import eos_token_ids, load_model_and_tokenizer  # noqa: E402
+from trainer.models_vlm import VISION_PREFIX, check_multimodal_support, freeze_vision_tower, load_vision_processor  # noqa: E402
+from trainer.ops.logprobs import response_logprobs  # noqa: E402
+from trainer.rollout.base import SamplingParams  # noqa: E402
+from trainer.rollout.hf import HFRolloutEngine  # noqa: E402
+
+LOGPROB_ATOL = 1e-5  # fp32, same weights and images: the engine's incremental decode vs one full forward
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2.5-vl"), seed=0)
+    return model, tok, load_vision_processor("tiny:qwen2.5-vl", tok, model)
+
+
+def _items(vlm, rows):
+    _, tok, proc = vlm
+    return PromptDataset(rows, tok, max_prompt_length=256, batch_size=len(rows), shuffle=False, processor=proc).items
+
+
+def _rollout_batch(vlm, items, n=2, max_new_tokens=6, seed=0):
+    model, tok, _ = vlm
+    engine = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=eos_token_ids(tok, model), seed=seed)
+    rollout = engine.generate([it["prompt_ids"] for it in items], SamplingParams(n=n, max_new_tokens=max_new_tokens),
+                              multi_modal_inputs=[it["multi_modal_inputs"] for it in items])
+    batch = batch_from_rollout(rollout, pad_token_id=tok.pad_token_id)
+    batch.meta["multi_modal_inputs"] = [items[g]["multi_modal_inputs"] for g in rollout.group_index]
+    return engine, batch
+
+
+def _mixed_rows():
+    """Two levels: prompts of different lengths, so the batch is left-padded."""
+    return make_geometry_rows(2, difficulty="easy", seed=0) + make_geometry_rows(2, difficulty="hard", seed=0)
+
+
+def test_parquet_row_round_trips_to_the_engine_inputs(vlm, tmp_path):
+    _, tok, proc = vlm
+    rows = make_geometry_rows(3, difficulty="easy", seed=4, split="train")
+    items = _items(vlm, load_rows(write_rows(rows, tmp_path / "train.parquet")))
+    start, end, pad = tok.convert_tokens_to_ids(["<|vision_start|>", "<|vision_end|>", "<|image_pad|>"])
+    for item, row in zip(items, rows):
+        ids, mm = item["prompt_ids"], item["multi_modal_inputs"]
+        assert mm["image_grid_thw"].tolist() == [[1, 6, 6]]  # 48 px / 8-px patches
+        i = ids.index(start)
+        assert ids[i + 1:i + 10] == [pad] * 9 and ids[i + 10] == end  # 36 patches / (2 x 2 merge) = 9 tokens
+        assert ids.count(pad) == 9
+        from trainer.data.multimodal import decode_image
+
+        direct = proc.encode_images([decode_image(row["images"][0]["bytes"], "x")])["pixel_values"]
+        assert torch.equal(mm["pixel_values"], direct)  # the parquet bytes give the processor the same pixels
+    _, batch = _rollout_batch(vlm, items, n=1)
+    assert batch.responses.shape[0] == 3 and batch.response_mask.sum() > 0
+
+
+def test_engine_logprobs_equal_trainer_recomputation(vlm):
+    model, _, _ = vlm
+    items = _items(vlm, _mixed_rows())
+    assert len({len(it["prompt_ids"]) for it in items}) == 2  # left padding is exercised
+    _, batch = _rollout_batch(vlm, items, n=2)
+    logp, _ = response_logprobs(model, batch)
+    mask = batch.response_mask
+    assert mask.sum() >= 8
+    assert ((logp - batch.rollout_logprobs) * mask).abs().max() < LOGPROB_ATOL
+    # the check sees the image: the same tokens under another prompt's image score differently
+    swapped = batch.select(list(range(len(batch))))
+    swapped.meta["multi_modal_inputs"] = batch.meta["multi_modal_inputs"][2:] + batch.meta["multi_modal_inputs"][:2]
+    other, _ = response_logprobs(model, swapped)
+    assert ((other - batch.rollout_logprobs) * mask).abs().max() > 100 * LOGPROB_ATOL
+
+
+def test_image_tokens_carry_mask_zero(vlm):
+    _, tok, _ = vlm
+    _, batch = _rollout_batch(vlm, _items(vlm, _mixed_rows()), n=2)
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
+    p = batch.prompt_len
+    token_mask = torch.cat([torch.zeros(len(batch), p), batch.response_mask], dim=1)  # [N, P+R] loss weight per token
+    is_image = batch.input_ids == image_id
+    assert int(is_image[:, :p].sum()) == 9 * len(batch)
+    assert token_mask[is_image].abs().sum() == 0
+    assert token_mask.sum() == batch.response_mask.sum() > 0  # the loss still has its response tokens
+
+
+def _actor(model, freeze):
+    cfg = ActorConfig(lr=1e-2, ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=8, freeze_vision_tower=freeze)
+    return Actor(model, cfg, temperature=1.0, max_response_length=6, device=torch.device("cpu"))
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+def test_vision_tower_frozen_or_trained_and_synced_by_config(freeze):
+    model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2.5-vl"), seed=0)
+    vlm = (model, tok, load_vision_processor("tiny:qwen2.5-vl", tok, model))
+    if freeze:
+        assert freeze_vision_tower(model)
+    actor = _actor(model, freeze)
+    engine, batch = _rollout_batch(vlm, _items(vlm, _mixed_rows()), n=2)
+    batch.advantages = torch.randn(batch.response_mask.shape, generator=torch.Generator().manual_seed(0))
+    batch.old_logprobs = batch.rollout_logprobs
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    actor.update(batch, 2)
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    vision = {n for n in before if n.startswith(VISION_PREFIX)}
+    assert vision and changed - vision  # the language model trains either way
+    synced = {n for n, _ in actor.named_weights()}
+    if freeze:
+        assert not changed & vision and not synced & vision
+    else:
+        assert changed & vision and vision <= synced
+    engine.update_weights(actor.named_weights())
+    for name, p in model.named_parameters():  # the engine holds the trainer's weights, tower included
+        assert torch.equal(engine._params[name], p), name
+
+
+def test_unsupported_paths_are_one_line_errors():
+    base = {"model": {"path": "tiny:qwen2.5-vl"}, "data": {"train_files": "synthetic:geometry-easy"}}
+    check_multimodal_support(load_config(base))  # the colocated hf loop is supported
+    for override, field in [("rollout.engine=vllm", "rollout.engine"), ("trainer.mode=fully_async", "trainer.mode"),
+                            ("trainer.use_ray=true", "trainer.use_ray"), ("actor.compile=true", "actor.compile")]:
+        with pytest.raises(ConfigError, match=f"^{field}=.*not supported with a vision-language model.path") as err:
+            check_multimodal_support(load_config(base, [override]))
+        assert "\n" not in str(err.value) and "fix: set " + field in str(err.value)
+    with pytest.raises(ConfigError, match="trainer.log_val_generations=2: validation samples are written by the single"):
+        load_config(base, ["trainer.log_val_generations=2", "trainer.mode=fully_async"])
+    text_model, _ = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2"), seed=0)
+    with pytest.raises(ConfigError, match="actor.freeze_vision_tower: the model has no vision tower"):
+        freeze_vision_tower(text_model)
+
+
+def test_warm_start_names_parse_and_bad_ones_are_one_line_errors():
+    from trainer.errors import ModelError
+    from trainer.models_vlm import is_tiny_vlm, model_is_vlm
+    from trainer.warm_start_vlm import parse_name
+
+    assert parse_name("qwen2.5-vl+sft-geometry-easy-40") == ("qwen2.5-vl", "geometry-easy", 40)
+    assert is_tiny_vlm("qwen2.5-vl+sft-geometry-easy-40") and model_is_vlm("tiny:qwen2.5-vl+sft-geometry-hard-5")
+    assert not model_is_vlm("tiny:qwen2")
+    for bad in ("qwen2.5-vl+sft-geometry-easy", "qwen2.5-vl+sft-arithmetic-easy-10", "qwen2.5-vl+sft-geometry-easy-0"):
+        with pytest.raises(ModelError, match="fix: write tiny:qwen2.5-vl\\+sft-geometry-<level>-<steps>"):
+            parse_name(bad)
+
+
+def test_image_forward_equals_transformers_own_forward(vlm):
+    """Without left padding, the shared forward (features into the image slots, M-RoPE from get_rope_index)
+    gives the logits of `Qwen2_5_VLForConditionalGeneration.forward` on the same pixels."""
+    from trainer.models_vlm import multimodal_hidden_states
+
+    model, _, _ = vlm
+    items = _items(vlm, make_geometry_rows(3, difficulty="easy", seed=0))
+    ids = torch.tensor([it["prompt_ids"] for it in items])
+    attn = torch.ones_like(ids)
+    mm = [it["multi_modal_inputs"] for it in items]
+    with torch.no_grad():
+        hidden, _ = multimodal_hidden_states(model, ids, attn, mm, image_cols=ids.shape[1])
+        ref = model(input_ids=ids, attention_mask=attn, pixel_values=torch.cat([m["pixel_values"] for m in mm]),
+                    image_grid_thw=torch.cat([m["image_grid_thw"] for m in mm]),
+                    mm_token_type_ids=(ids == model.config.image_token_id).int()).logits
+    assert torch.allclose(model.lm_head(hidden), ref, atol=1e-6, rtol=0)
