@@ -8,7 +8,7 @@ One step, top to bottom (verl's `RayPPOTrainer.fit`, without the controller indi
             -> advantages (GRPO / Dr.GRPO / RLOO / GAE)
             -> critic update (PPO) -> actor update (PPO epochs x mini-batches x micro-batches)
             -> weight sync to the rollout engine -> validation every test_freq
-            -> metrics line -> checkpoint every save_freq
+            -> checkpoint every save_freq (written) -> metrics line -> checkpoint committed
 
 Run it: `python -m trainer trainer/configs/grpo_smollm2_arithmetic.yaml`.
 """
@@ -20,7 +20,14 @@ from pathlib import Path
 
 from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
-from trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from trainer.checkpoint import (
+    announce_resume,
+    finish_step,
+    load_checkpoint,
+    prepare_checkpoint,
+    resume_or_start,
+)
+from trainer.faults import fault_point
 from trainer.metrics import MetricsWriter, Timer, data_metrics
 from trainer.progress import Progress
 from trainer.rollout.base import weight_sync_metrics
@@ -37,9 +44,8 @@ def _state(c: Components) -> dict:
 
 def _resume(c: Components, writer: MetricsWriter) -> int:
     """Load the newest checkpoint in out_dir (if resuming) and return the step it finished."""
-    ckpt = latest_checkpoint(c.cfg.trainer.out_dir) if c.cfg.trainer.resume else None
+    ckpt = resume_or_start(c.cfg.trainer.out_dir, writer.path, resume=c.cfg.trainer.resume)
     if ckpt is None:
-        writer.truncate_after(-1)  # a fresh run starts a fresh log
         return 0
     state = load_checkpoint(ckpt)
     c.actor.load_state_dict(state["actor"])
@@ -50,7 +56,7 @@ def _resume(c: Components, writer: MetricsWriter) -> int:
         c.engine.generator.set_state(state["engine_generator"])
     c.engine.update_weights(c.actor.named_weights())
     c.engine.version = state["step"]
-    writer.truncate_after(state["step"])
+    announce_resume(ckpt, int(state["step"]), c.cfg.trainer.total_steps, writer.path)
     return int(state["step"])
 
 
@@ -77,6 +83,7 @@ def train_colocated(c: Components) -> Path:
             # 1. rollout + reward (DAPO dynamic sampling regenerates inside)
             with timer("gen"):
                 batch, gen_stats = generate_scored_batch(c, c.train_data.next_batch)
+            fault_point("rollout", step)
             metrics.update(gen_stats)
             batch.token_rewards = scores_to_token_rewards(batch.scores, batch.response_mask)
 
@@ -113,6 +120,7 @@ def train_colocated(c: Components) -> Path:
                     metrics.update(c.critic.update(batch, n))
             with timer("update_actor"):
                 metrics.update(c.actor.update(batch, n, reuse_forward_as_old=reuse_forward))
+            fault_point("update", step)
             metrics.update(rollout_mismatch_metrics(batch.old_logprobs, batch.rollout_logprobs, batch.response_mask))
 
             # 6. weight sync: the engine samples the next step with the new weights
@@ -126,9 +134,10 @@ def train_colocated(c: Components) -> Path:
                     val = validate(c, step=step)
                 metrics.update(val)
                 progress.update_val(val)
+            pending = None  # committed after the step's metrics line (trainer/checkpoint.py)
             if cfg.trainer.save_freq > 0 and (step % cfg.trainer.save_freq == 0 or step == cfg.trainer.total_steps):
                 with timer("save_checkpoint"):
-                    save_checkpoint(out_dir, step, _state(c), keep=cfg.trainer.max_checkpoints)
+                    pending = prepare_checkpoint(out_dir, step, _state(c), keep=cfg.trainer.max_checkpoints)
 
         metrics.update(data_metrics(batch, max_response_length=cfg.data.max_response_length))
         metrics.update(timer.metrics())
@@ -139,7 +148,7 @@ def train_colocated(c: Components) -> Path:
             "perf/total_num_tokens": num_tokens, "perf/time_per_step": step_s,
             "perf/throughput": num_tokens / (step_s * _num_devices(cfg)),
         })
-        writer.write(step, metrics)
+        finish_step(writer, step, metrics, pending)
         progress.step(metrics)
     progress.close()
     return writer.path
