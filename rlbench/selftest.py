@@ -268,7 +268,8 @@ def markdown(result: dict[str, Any]) -> str:
     git = result.get("git") or {}
     v = result.get("versions") or {}
     lines = [
-        f"# rlbench selftest: {result['suite']} [{result['profile']}], first {result.get('steps')} steps"
+        f"# rlbench selftest: {result['suite']} [{result['profile']}], first {result.get('steps')} "
+        f"step{'' if result.get('steps') == 1 else 's'}"
         + (" (tiny model)" if result["tiny"] else ""),
         "",
         f"{s['caught']} of {s['mutations']} mutations caught; {s['false_alarms']} false alarms over "
