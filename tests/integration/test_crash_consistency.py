@@ -7,7 +7,7 @@ shutdown) runs. One out_dir takes a chain of kills, each at a later point than t
 could have reached, then a clean run finishes it; after every kill the log must be a prefix of
 0..total_steps with no step twice. On the Ray path the driver is also killed while the workers
 generate, and no process of its Ray session may be left a few seconds later (`ray_guard.py`).
-Colocated: ~10 short processes; Ray: ~5 (each starts a 2-worker cluster), ~1-3 min on 2 cores.
+Colocated: 9 short processes (~17 s each on 2 loaded cores); Ray: 6 (each starts a 2-worker cluster).
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def test_colocated_kill_at_every_phase_loses_and_duplicates_nothing(tmp_path: Pa
     full = _run(tmp_path / "full", *save)
     assert full.returncode == 0, full.stderr[-3000:]
     out = tmp_path / "killed"
-    # each kill is later than what the previous resume can reach: resumes from 0, 0, 0, 1, 1, 1, 3
-    faults = ["rollout:1", "checkpoint:1", "line:1", "commit:1", "update:2", "line:2", "rollout:3", "line:4"]
+    # each kill is later than what the previous resume can reach: the runs resume from 0, 0, 0, 0, 1, 1
+    faults = ["rollout:1", "checkpoint:1", "line:1", "commit:1", "update:2", "line:4"]
     _kill_chain(out, faults, save)
     assert (out / "checkpoints" / "step_000003").is_dir()  # line:4 left step 4's line, not its checkpoint
     assert _steps(out) == [0, 1, 2, 3, 4]
