@@ -162,6 +162,9 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
             torch.manual_seed(seed)
             model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=cfg.attn_implementation)
     elif path.startswith("embedded:"):
+        if cfg.override_config:
+            raise ModelError(f"model.override_config: {sorted(cfg.override_config)} cannot change the embedded model "
+                             f"{path} (fix: drop model.override_config, or use a tiny:/shape: model or a local HF folder)")
         if with_model:
             model, tokenizer = _load_embedded(path.split(":", 1)[1], dtype)
         else:
@@ -188,6 +191,9 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
         try:
             tokenizer = AutoTokenizer.from_pretrained(tok_src, **({} if cfg.tokenizer_path else kw))
             if with_model and models_vlm.config_is_vlm(p):
+                if cfg.override_config:
+                    raise ModelError(f"model.override_config: not applied to vision-language folders yet ({p}) "
+                                     f"(fix: drop model.override_config)")
                 model = models_vlm.load_pretrained_vlm(p, dtype=dtype, attn_implementation=cfg.attn_implementation,
                                                        dummy=cfg.load_format == "dummy", seed=seed)
             elif with_model:
@@ -198,7 +204,13 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
                     torch.manual_seed(seed)
                     model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=cfg.attn_implementation)
                 else:
-                    model = AutoModelForCausalLM.from_pretrained(p, dtype=dtype, attn_implementation=cfg.attn_implementation, **kw)
+                    # The overrides reach the pretrained load through its config (e.g. a longer
+                    # max_position_embeddings, as the published runs set).
+                    config = AutoConfig.from_pretrained(p, **kw)
+                    for k, v in cfg.override_config.items():
+                        setattr(config, k, v)
+                    model = AutoModelForCausalLM.from_pretrained(p, config=config, dtype=dtype,
+                                                                 attn_implementation=cfg.attn_implementation, **kw)
         except (OSError, ValueError) as e:
             raise ModelError(f"model.path: cannot load {p}: {str(e).splitlines()[0]} (fix: check the folder holds a "
                              f"transformers model and tokenizer)") from None

@@ -66,3 +66,20 @@ def test_local_hf_folder_roundtrip(tmp_path):
     assert torch.equal(next(again.parameters()), next(model.parameters()))
     dummy, _ = load_model_and_tokenizer(ModelConfig(path=str(tmp_path), load_format="dummy"), seed=5)
     assert not torch.equal(next(dummy.parameters()), next(model.parameters()))
+
+
+def test_override_config_reaches_a_pretrained_folder(tmp_path):
+    model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2"))
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    before = model.config.max_position_embeddings
+    again, _ = load_model_and_tokenizer(ModelConfig(path=str(tmp_path),
+                                                    override_config={"max_position_embeddings": 4 * before}))
+    assert again.config.max_position_embeddings == 4 * before
+    assert torch.equal(next(again.parameters()), next(model.parameters()))
+
+
+def test_override_config_on_the_embedded_model_is_an_error():
+    with pytest.raises(ModelError, match="model.override_config"):
+        load_model_and_tokenizer(ModelConfig(path="embedded:smollm2-135m-instruct",
+                                             override_config={"max_position_embeddings": 4096}))
