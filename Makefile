@@ -1,7 +1,7 @@
 # rlbench: the two commands of the README, plus the pieces they are made of.
 #
 #   make train    # install, then train SmolLM2-135M-Instruct with GRPO on synthetic addition (2 CPU cores, ~10-15 min)
-#   make test     # install, then unit + integration tests and every suite's `cpu` profile
+#   make test     # install, then unit + integration tests and every suite's `cpu` profile (make test-suites)
 #   make selftest # plant each known trainer bug in a scratch copy, run the cpu profile's first step, table
 #                 # of the checks that caught it (reports/selftest/; 15 short SmolLM2 runs)
 #
@@ -17,10 +17,14 @@ train: install
 
 test: install
 	$(PYTHON) -m pytest -q
-	$(PYTHON) -m pytest suites/ --arch cpu -q --rlbench-report runs/pytest-suites/report.html
+	$(MAKE) --no-print-directory test-suites
 
 test-unit:
 	$(PYTHON) -m pytest -q tests/unit
+
+# Every suite's cpu profile (real SmolLM2 training runs; ~16 min on 2 cores), report in runs/pytest-suites/.
+test-suites:
+	$(PYTHON) -m pytest suites/ --arch cpu -q --rlbench-report runs/pytest-suites/report.html
 
 # The first step of the GRPO suite's cpu profile with 4 prompts (2 mini-batches) on 1 thread, per
 # mutation and per clean seed: the settings of reports/selftest/ (about 3 min a run on a busy 2-core box).
