@@ -31,6 +31,8 @@ CHECK_SAMPLE = ("rlbench check examples/verl_grpo_qwen3_8b.jsonl --suite verl_gr
 #   ("run", "")                   run by test_cheap_commands_run_as_written
 #   ("ci", "<file>")              the file (a CI entry point / make recipe) runs it
 #   ("make test", "")             part of `make test` (its `pytest suites/ --arch cpu` runs every cpu profile)
+#   ("test", "<test file>")       a test of `make test`'s `pytest -q` runs its config (cut short); the config is
+#                                 validated here as written
 #   ("gpu", "<word>")             needs a GPU; its README line says so (the word appears in its comment)
 #   ("heavy", "<word>")           minutes of SmolLM2 training; its README line says so; its config and
 #                                 overrides are validated here when it is a `python -m trainer` command
@@ -46,6 +48,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         ("heavy", "SmolLM2"),
     "python -m trainer trainer/configs/dapo_smollm2_arithmetic.yaml": ("heavy", "SmolLM2"),
     "python -m trainer trainer/configs/ppo_smollm2_arithmetic.yaml": ("heavy", "SmolLM2"),
+    "python -m trainer trainer/configs/grpo_tiny_vlm_geometry.yaml": ("test", "tests/integration/test_vlm_loop.py"),
 }
 
 
@@ -82,6 +85,12 @@ def test_command_is_run_somewhere_or_marked(doc: str, cmd: str, comment: str) ->
         recipe = _make_recipe("test-suites")
         assert "pytest suites/ --arch cpu" in recipe and "--profile" not in recipe and "-k" not in recipe.split()
         assert "test-suites" in _make_recipe("test")
+    elif how == "test":
+        config = shlex.split(cmd)[3]
+        assert config in (ROOT / what).read_text(), f"{what} no longer runs {config}"
+        from trainer.config import load_config
+
+        load_config(ROOT / config, shlex.split(cmd)[4:])
     elif how in ("gpu", "heavy"):
         assert what in comment, f"{doc}: mark `{cmd}` on its line (`# {how}: ... {what} ...`)"
         if cmd.startswith("python -m trainer "):
