@@ -20,9 +20,12 @@ embedded once too, so a chart costs only its data. The pieces, per suite x profi
 - validation accuracy (every `val-core/.../acc/...` metric), drawn whether a check reads it or
   not; then the curve of every other metric an evaluated check reads, with its band and a line
   per check (rlbench/report_charts.py); skipped checks get no chart;
+- validation samples: each run's answers at its last sampled validation step, with the images
+  the model saw (`samples/step_K.jsonl` of `trainer.log_val_generations`, trainer/val_samples.py);
 - step-time partition and throughput (tok/s/GPU, or tok/s on a CPU run): bars only when a timing
   reference was evaluated, else a table marked as this machine's timings, compared to nothing;
-- suite, environment and provenance tables.
+- suite, environment (with the tool sandbox's layers in force, from each run's env.json) and
+  provenance tables.
 
 Every string from the inputs is HTML-escaped. `render_session_report` writes one file for a
 pytest session with a section per suite x profile, the profiles that could not run here (with
@@ -82,6 +85,7 @@ class ReportSection:
     env: dict[str, Any] = field(default_factory=dict)
     provenance: dict[str, Any] | None = None
     suite_meta: dict[str, Any] | None = None
+    samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # run name -> validation samples
 
 
 # ------------------------------------------------------------------ small helpers
@@ -185,6 +189,25 @@ def _meta_int(section: ReportSection, key: str) -> int | None:
     return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
+def samples_html(samples: Mapping[str, list[dict[str, Any]]], limit: int = 6) -> str:
+    """A table per run of what the model answered at its last sampled validation step, with the images it saw."""
+    out = []
+    for run, records in samples.items():
+        if not records:
+            continue
+        rows = "".join(
+            "<tr><td>" + "".join(f'<img alt="prompt image" src="data:image/png;base64,{esc(b)}">'
+                                 for b in r.get("images") or []) + "</td>"
+            f"<td><code>{esc(str(r.get('response', '')))}</code></td><td>{esc(str(r.get('ground_truth', '')))}</td>"
+            f"<td>{esc(str(r.get('score', '')))}</td></tr>"
+            for r in records[:limit])
+        out.append(f'<p class="caption">{esc(run)}: step {esc(str(records[0].get("step", "?")))}, '
+                   f"first {min(limit, len(records))} of {len(records)} samples</p>"
+                   '<table class="grid samples"><tr><th>image</th><th>answer</th><th>ground truth</th>'
+                   f"<th>score</th></tr>{rows}</table>")
+    return "".join(out)
+
+
 def _section_html(section: ReportSection, charts: Charts, anchor: str, heading: bool = True) -> str:
     tally = Tally.of(section.results)
     parts = [f'<section id="{anchor}">']
@@ -204,6 +227,8 @@ def _section_html(section: ReportSection, charts: Charts, anchor: str, heading: 
     else:
         parts.append('<p class="note">No run logged a validation metric (<code>val-core/...</code>): set '
                      "<code>trainer.test_freq</code> and validation data to get this curve.</p>")
+    if section.samples:
+        parts.append("<h3>Validation samples</h3>" + samples_html(section.samples))
     logged = {str(c) for f in section.runs.values() for c in f.columns}
     metrics: dict[str, list[CheckResult]] = {}
     for r in evaluated:  # a metric no run logged has no curve: its row or fold already says so
@@ -292,10 +317,11 @@ def render_report(
     env: dict[str, Any],
     provenance: dict[str, Any] | None = None,
     suite_meta: dict[str, Any] | None = None,
+    samples: dict[str, list[dict[str, Any]]] | None = None,
 ) -> Path:
     """Write the report of one suite x profile to `out_path` (one HTML file) and return its path."""
     section = ReportSection(title=title, runs=runs, results=results, env=env,
-                            provenance=provenance, suite_meta=suite_meta)
+                            provenance=provenance, suite_meta=suite_meta, samples=dict(samples or {}))
     charts = Charts()
     header = f"<h1>{esc(title)}</h1>" + headline_html(Tally.of(results), profile=(suite_meta or {}).get("profile"))
     body = header + _section_html(section, charts, "section-1", heading=False)

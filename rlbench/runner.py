@@ -242,6 +242,31 @@ def suite_meta(suite: Suite, profile: str, steps: int | None = None) -> dict[str
             "sources": [f"{s.doc}: {s.where}" for s in suite.source]}
 
 
+def latest_samples(run_dirs: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
+    """Each run's validation samples (``samples/step_K.jsonl``, trainer/val_samples.py) of its last sampled step."""
+    from trainer.val_samples import read_samples
+
+    out = {}
+    for mode, d in run_dirs.items():
+        by_step = read_samples(d)
+        if by_step:
+            out[mode] = by_step[max(by_step)]
+    return out
+
+
+def run_env_extras(run_dirs: dict[str, Path]) -> dict[str, Any]:
+    """What a run's own env.json adds to the machine's environment: the tool sandbox's layers in force."""
+    extras: dict[str, Any] = {}
+    for mode, d in run_dirs.items():
+        try:
+            doc = json.loads((d / "env.json").read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and "sandbox" in doc:
+            extras[f"sandbox ({mode})"] = doc["sandbox"]
+    return extras
+
+
 def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, pd.DataFrame]], *,
                   arch: str, device_name: str, folder: Path, env: dict[str, Any],
                   provenance: dict[str, Any], report: Path | None = None,
@@ -267,8 +292,11 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
         results += res
         seed_of += [seed] * len(res)
         title = f"{suite.title} [{profile}]" + (f" seed {seed}" if len(runs_by_seed) > 1 else "")
-        sections.append(ReportSection(title=title, runs=runs, results=res, env=env,
-                                      provenance={**provenance, "seed": seed}, suite_meta=suite_meta(suite, profile, _steps_set(provenance))))
+        dirs = {m: train_dir(folder, m, seed, len(runs_by_seed) > 1) for m in runs}
+        sections.append(ReportSection(title=title, runs=runs, results=res, env={**env, **run_env_extras(dirs)},
+                                      provenance={**provenance, "seed": seed},
+                                      suite_meta=suite_meta(suite, profile, _steps_set(provenance)),
+                                      samples=latest_samples(dirs)))
     outcome = Outcome(suite, profile, folder, results, seed_of, by_ref)
     doc = {"suite": suite.id, "profile": profile, "arch": arch, "device": device_name,
            "verdict": outcome.verdict, "provenance": provenance,
@@ -278,8 +306,8 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     report = Path(report) if report is not None else folder / "report.html"
     if len(sections) == 1:
         s = sections[0]
-        render_report(report, title=s.title, runs=s.runs, results=s.results, env=env,
-                      provenance=s.provenance, suite_meta=s.suite_meta)
+        render_report(report, title=s.title, runs=s.runs, results=s.results, env=s.env,
+                      provenance=s.provenance, suite_meta=s.suite_meta, samples=s.samples)
     else:
         render_session_report(report, sections, title=f"{suite.title} [{profile}]")
     outcome.report = report

@@ -361,3 +361,26 @@ def test_run_colours_are_stable_across_reports(tmp_path: Path) -> None:
     only_async = {"fully_async": RUNS["fully_async"]}
     text = render_report(tmp_path / "r.html", title="t", runs=only_async, results=[_result()], env={}).read_text()
     assert '"line":{"color":"#d62728"},"mode":"lines+markers","name":"fully_async"' in text
+
+
+def test_validation_samples_and_sandbox_layers_reach_the_report(tmp_path: Path) -> None:
+    import json
+
+    from rlbench.runner import evaluate_runs
+    from rlbench.suite import load_suite
+    from trainer.val_samples import write_samples
+
+    suite = load_suite(Path(__file__).resolve().parents[2] / "suites" / "verl_geo3k_qwen35_35b_a3b_moe_gfx950.yaml")
+    run_dir = tmp_path / "colocated"
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+    write_samples(run_dir, 0, [{"step": 0, "response": "old", "ground_truth": "3", "score": 0.0, "images": []}])
+    write_samples(run_dir, 4, [{"step": 4, "response": "answer 7", "ground_truth": "7", "score": 1.0,
+                                "images": [png]}])
+    (run_dir / "env.json").write_text(json.dumps({"sandbox": {"layers": ["rlimits", "seccomp"]}}))
+    out = evaluate_runs(suite, "cpu", {0: {"colocated": _frame({"critic/score/mean": [0.1, 0.2]})}}, arch="cpu",
+                        device_name="", folder=tmp_path, env={"arch": "cpu"}, provenance={}, status=lambda _: None)
+    text = out.report.read_text()
+    samples = text.split("<h3>Validation samples</h3>")[1].split("<h3>")[0]
+    assert "step 4" in samples and "answer 7" in samples and "old" not in samples  # the last sampled step only
+    assert f'src="data:image/png;base64,{png}"' in samples
+    assert "sandbox (colocated).layers" in text and "rlimits, seccomp" in text
