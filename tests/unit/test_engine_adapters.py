@@ -270,6 +270,17 @@ def test_llm_kwargs_from_config():
     assert kw["enforce_eager"] is False and kw["gpu_memory_utilization"] == 0.6  # engine_kwargs win
     cpu = llm_kwargs(cfg, "/m", torch.device("cpu"))
     assert cpu["enable_sleep_mode"] is False  # vLLM has no sleep mode on CPU
+    assert "hf_overrides" not in kw
+
+
+def test_model_overrides_reach_both_engines():
+    import json
+
+    cfg = TrainerConfig.model_validate({"model": {"override_config": {"max_position_embeddings": 32768}},
+                                        "rollout": {"engine": "vllm"}})
+    assert llm_kwargs(cfg, "/m", torch.device("cpu"))["hf_overrides"] == {"max_position_embeddings": 32768}
+    sg = sglang_engine.engine_kwargs(cfg, "/m", torch.device("cuda", 0))
+    assert json.loads(sg["json_model_override_args"]) == {"max_position_embeddings": 32768}
 
 
 def test_version_and_tensor_parallel_checks():

@@ -48,6 +48,7 @@ Log-probabilities: SGLang 0.5.23 returns `log_softmax(logits / T)` of the sample
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -304,6 +305,8 @@ def engine_kwargs(cfg: Any, model_dir: str, device: torch.device) -> dict[str, A
     }
     if r.max_num_seqs is not None:
         kwargs["max_running_requests"] = r.max_num_seqs
+    if cfg.model.override_config:  # SGLang's --json-model-override-args: a JSON object merged into the HF config
+        kwargs["json_model_override_args"] = json.dumps(cfg.model.override_config)
     kwargs.update(r.engine_kwargs)
     return kwargs
 

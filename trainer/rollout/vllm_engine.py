@@ -389,6 +389,8 @@ def llm_kwargs(cfg: Any, model_dir: str, device: torch.device) -> dict[str, Any]
         kwargs["enforce_eager"] = True  # torch.compile of the model costs ~2 min on 2 cores for no decode gain
     if r.max_num_seqs is not None:
         kwargs["max_num_seqs"] = r.max_num_seqs
+    if cfg.model.override_config:  # the trainer's model config overrides, applied by vLLM to the HF config it reads
+        kwargs["hf_overrides"] = dict(cfg.model.override_config)
     kwargs.update(r.engine_kwargs)
     return kwargs
 
