@@ -39,6 +39,7 @@ CHECK_SAMPLE = ("rlbench check examples/verl_grpo_qwen3_8b.jsonl --suite verl_gr
 COMMANDS: dict[str, tuple[str, str]] = {
     "make train": ("heavy", "min"),
     "make test": ("ci", ".ci/run"),
+    "make selftest": ("heavy", "SmolLM2"),
     "rlbench list": ("run", ""),
     "pytest suites/ --arch gfx950": ("gpu", "MI350X"),
     "pytest suites/ --arch cpu --profile cpu -k dapo": ("make test", ""),
