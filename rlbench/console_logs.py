@@ -327,12 +327,6 @@ def _dict_end(text: str) -> int | None:
     return None
 
 
-def miles_record_start(line: str) -> bool:
-    """Whether `line` opens a Miles record (`perf 3: {...`, possibly continued on later lines)."""
-    m = _MILES_START.search(line) if ":" in line else None
-    return bool(m and m.group("dict"))
-
-
 def read_miles_console(lines: list[str], warnings: list[str], emit: Any) -> None:
     """Miles `kind N: {...}` records, joined over lines; `emit(record, kind, id, where)` for each."""
     open_rec: list[Any] | None = None  # [kind, id, first line, text so far]

@@ -25,7 +25,6 @@ nothing failed; a run whose checks are all the project's own reads "PASS: projec
 from __future__ import annotations
 
 import html
-import math
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -205,16 +204,6 @@ def headline_html(tally: Tally, *, profile: str | None = None, unrun: list[tuple
         lines.append(f'<li class="note">pytest items: {_e(", ".join(f"{n} {k}" for k, n in items.items()))}.</li>')
     return (f'<div class="headline"><p class="verdict-line">Verdict: {badge(v, overall=True)}</p>'
             f'<ul>{"".join(lines)}</ul></div>')
-
-
-def _fmt(x: float | None) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "—"
-    if isinstance(x, float) and math.isinf(x):
-        return "inf" if x > 0 else "-inf"
-    if abs(x) >= 1000:
-        return f"{x:,.1f}"
-    return f"{x:.4g}"
 
 
 def verdict_rows_html(results: list[CheckResult], actual: Callable[[CheckResult], str]) -> str:

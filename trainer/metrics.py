@@ -59,21 +59,6 @@ class MetricsWriter:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
-    def truncate_after(self, step: int) -> None:
-        """Keep only lines with step <= `step` (a resumed run rewrites what came after its checkpoint)."""
-        if not self.path.exists():
-            return
-        keep = []
-        for line in self.path.read_text().splitlines():
-            try:
-                if json.loads(line)["step"] <= step:
-                    keep.append(line)
-            except (json.JSONDecodeError, KeyError):
-                break  # a truncated last line from a killed run
-        tmp = self.path.with_name(self.path.name + ".tmp")  # replaced atomically: a kill here loses nothing
-        tmp.write_text("".join(k + "\n" for k in keep))
-        os.replace(tmp, self.path)
-
     def write(self, step: int, data: dict[str, Any]) -> None:
         line = json.dumps({"step": step, "data": {k: _clean(v) for k, v in sorted(data.items())}})
         with self.path.open("a") as f:

@@ -24,10 +24,6 @@ from megatron.core.transformer.module import MegatronModule
 _GROUPED_MM = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
 
 
-def grouped_mm_available() -> bool:
-    return _GROUPED_MM is not None
-
-
 class GroupedExperts(MegatronModule):
     """The local experts of one MoE layer as two 3D weights (module docstring). Expert-tensor-parallel
     size 1 only (each expert whole on its rank)."""
