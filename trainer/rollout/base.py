@@ -157,7 +157,9 @@ class RolloutEngine(abc.ABC):
 
 
 class InterruptibleEngine(RolloutEngine):
-    """An engine with a host-driven decode loop: interruptible `generate` and `continue_generation`."""
+    """An engine that continues token rows by a budget and can be interrupted (`decode_rows`);
+    `generate` and `continue_generation` (partial rollout) are built on it. The built-in engines
+    decode on the host; vLLM and SGLang abort and resubmit requests of their own."""
 
     version: int = 0  # policy version of the loaded weights (set by the caller in fully-async mode)
 

@@ -57,7 +57,7 @@ import torch
 
 from trainer.errors import ConfigError
 from trainer.models import resolve_dtype
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
+from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
 from trainer.rollout.vllm_engine import (
     engine_weights,
     missing_engine_error,
@@ -180,7 +180,7 @@ def _update(engine: Any, bucket: list[tuple[str, torch.Tensor]], *, flush_cache:
         raise RuntimeError(f"sglang update_weights_from_tensor failed: {result[1] if len(result) > 1 else ''}")
 
 
-class SGLangRolloutEngine(RolloutEngine):
+class SGLangRolloutEngine(InterruptibleEngine):
     """Wraps a `sglang.Engine`; see the module docstring for the calls it makes."""
 
     name = "sglang"
@@ -204,8 +204,8 @@ class SGLangRolloutEngine(RolloutEngine):
         if self._weights_released:
             raise RuntimeError("sglang engine weights were released by sleep(): call update_weights() first")
 
-    def run_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
-                 should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                    should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Continue each token row by at most `budgets[i]` tokens (one request each); "abort" rows were
         interrupted by `should_stop`."""
         self._check_awake()
@@ -239,34 +239,6 @@ class SGLangRolloutEngine(RolloutEngine):
             if reason is None:
                 raise ValueError(f"sglang output {j}: no finish reason")
         return [p[0] for p in parsed], [p[1] for p in parsed], [str(p[2]) for p in parsed]
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                 should_stop: Callable[[], bool] | None = None) -> Rollout:
-        n = params.n
-        rows = [list(p) for p in prompts for _ in range(n)]
-        tokens, logps, finish = self.run_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop)
-        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
-                       token_versions=[[self.version] * len(t) for t in tokens])
-
-    def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
-                            partial_logprobs: list[list[float]], params: SamplingParams, *,
-                            should_stop: Callable[[], bool] | None = None,
-                            partial_versions: list[list[int]] | None = None) -> Rollout:
-        """Resume interrupted responses (one row each) under the current weights; partial tokens keep
-        their log-probs and versions."""
-        budgets = [params.max_new_tokens - len(p) for p in partial_ids]
-        if min(budgets, default=1) < 1:
-            raise ValueError("continue_generation: a partial response already has max_new_tokens tokens")
-        versions = partial_versions if partial_versions is not None else [[self.version] * len(p) for p in partial_ids]
-        rows = [list(p) + list(r) for p, r in zip(prompts, partial_ids)]
-        new_tokens, new_logps, finish = self.run_rows(rows, budgets, params, should_stop)
-        return Rollout(prompt_ids=[list(p) for p in prompts],
-                       response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
-                       response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
-                       finish_reasons=finish, group_index=list(range(len(rows))),
-                       policy_version=[self.version] * len(rows),
-                       token_versions=[list(v) + [self.version] * len(t) for v, t in zip(versions, new_tokens)])
 
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -64,7 +64,7 @@ import torch
 
 from trainer.errors import ConfigError, RLBenchError
 from trainer.models import resolve_dtype
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
+from trainer.rollout.base import InterruptibleEngine, SamplingParams
 
 SUPPORTED_SERIES = "0.32"  # the vLLM release series this adapter is written against (pyproject extras)
 WORKER_EXTENSION = "trainer.rollout.vllm_worker.RLBenchWorkerExtension"
@@ -214,7 +214,7 @@ class _Rows:
         return [rid for rid, i in self.index.items() if self.finish[i] is None]
 
 
-class VLLMRolloutEngine(RolloutEngine):
+class VLLMRolloutEngine(InterruptibleEngine):
     """Wraps a `vllm.LLM`; see the module docstring for the calls it makes.
 
     `generator` draws each request's sampling seed; `version` is the policy version of the loaded
@@ -254,12 +254,14 @@ class VLLMRolloutEngine(RolloutEngine):
                                f"({type(err).__name__}: {msg}) (fix: the engine's own log above has the cause; "
                                f"the steps completed so far are kept, rerun the command to resume from the last checkpoint)")
 
-    def run_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
-                 should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+    def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
+                    should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Continue each token row by at most `budgets[i]` tokens (one request each, `params.n` ignored).
 
         Returns per row the new tokens, their log-probs and a finish reason ("stop", "length", or
         "abort" when `should_stop()` returned True before the row finished)."""
+        if self._asleep:
+            self.wake_up()
         engine = self.llm.llm_engine
         if not self._watching and self._dead_errors:
             self._watching = watch_engine_core(getattr(engine, "engine_core", None), self._dead_errors[0])
@@ -292,41 +294,6 @@ class VLLMRolloutEngine(RolloutEngine):
         if missing:
             raise ValueError(f"vllm: {len(missing)} requests ended without a finish reason (first: {missing[0]})")
         return acc.tokens, acc.logps, [str(f) for f in acc.finish]
-
-    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                 should_stop: Callable[[], bool] | None = None) -> Rollout:
-        """Sample `params.n` responses per prompt; `should_stop` interrupts (rows marked "abort")."""
-        if self._asleep:
-            self.wake_up()
-        n = params.n
-        rows = [list(p) for p in prompts for _ in range(n)]
-        tokens, logps, finish = self.run_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop)
-        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
-                       token_versions=[[self.version] * len(t) for t in tokens])
-
-    def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
-                            partial_logprobs: list[list[float]], params: SamplingParams, *,
-                            should_stop: Callable[[], bool] | None = None,
-                            partial_versions: list[list[int]] | None = None) -> Rollout:
-        """Resume interrupted responses (one row each) under the current weights; the partial tokens
-        keep their log-probs (and versions, `partial_versions`, default: the current version)."""
-        if self._asleep:
-            self.wake_up()
-        budgets = [params.max_new_tokens - len(p) for p in partial_ids]
-        if min(budgets, default=1) < 1:
-            raise ValueError("continue_generation: a partial response already has max_new_tokens tokens")
-        if any(len(lp) != len(p) for p, lp in zip(partial_ids, partial_logprobs)):
-            raise ValueError("continue_generation: partial_logprobs must have one log-prob per partial token")
-        versions = partial_versions if partial_versions is not None else [[self.version] * len(p) for p in partial_ids]
-        rows = [list(p) + list(r) for p, r in zip(prompts, partial_ids)]
-        new_tokens, new_logps, finish = self.run_rows(rows, budgets, params, should_stop)
-        return Rollout(prompt_ids=[list(p) for p in prompts],
-                       response_ids=[list(r) + t for r, t in zip(partial_ids, new_tokens)],
-                       response_logprobs=[list(lp) + n_lp for lp, n_lp in zip(partial_logprobs, new_logps)],
-                       finish_reasons=finish, group_index=list(range(len(rows))),
-                       policy_version=[self.version] * len(rows),
-                       token_versions=[list(v) + [self.version] * len(t) for v, t in zip(versions, new_tokens)])
 
     # ------------------------------------------------------------------ weights
     def weight_plan(self) -> list[Any]:
