@@ -37,6 +37,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -292,8 +293,12 @@ class Actor:
             peak = peak_bf16_tflops(torch.cuda.get_device_name(self.device), self.cfg.mfu_peak_tflops)
         except ConfigError:
             return {}
-        flops = train_flops(self.model.config, batch_seqlens(batch.attention_mask)) * self.cfg.ppo_epochs
+        flops = train_flops(self.flops_config(), batch_seqlens(batch.attention_mask)) * self.cfg.ppo_epochs
         return {"perf/mfu/actor": mfu(flops, seconds, peak)}
+
+    def flops_config(self) -> Any:
+        """The HF config whose model FLOPs `perf/mfu/actor` counts."""
+        return self.model.config
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> dict:

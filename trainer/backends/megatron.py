@@ -443,15 +443,5 @@ class MegatronActor(Actor):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         yield from export_hf_weights(self.gpt, self.bridge)
 
-    def _mfu(self, batch: Batch, seconds: float) -> dict[str, float]:
-        from trainer.ops.flops import batch_seqlens, mfu, train_flops
-        from trainer.platform import peak_bf16_tflops
-
-        if self.device.type != "cuda":
-            return {}
-        try:
-            peak = peak_bf16_tflops(torch.cuda.get_device_name(self.device), self.cfg.mfu_peak_tflops)
-        except ConfigError:
-            return {}
-        flops = train_flops(self.hf_config, batch_seqlens(batch.attention_mask)) * self.cfg.ppo_epochs
-        return {"perf/mfu/actor": mfu(flops, seconds, peak)}
+    def flops_config(self) -> Any:
+        return self.hf_config
