@@ -268,11 +268,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--format", default="parquet", choices=["parquet", "jsonl"])
     parser.add_argument("--out", required=True, help="output directory for train.<fmt> and val.<fmt>")
     args = parser.parse_args(argv)
+    return write_splits(make_arithmetic_rows, args, args.format)
+
+
+def write_splits(make_rows: Any, args: argparse.Namespace, fmt: str) -> int:
+    """The generators' CLIs: `make_rows(num, difficulty=, seed=, split=)` for the train and val splits of
+    `args` (difficulty, num_train, num_val, seed, out), written as `<out>/<split>.<fmt>`; 2 on bad input."""
     try:
         difficulty = resolve_difficulty(int(args.difficulty) if args.difficulty.isdigit() else args.difficulty)
         for split, num in (("train", args.num_train), ("val", args.num_val)):
-            rows = make_arithmetic_rows(num, difficulty=difficulty, seed=args.seed, split=split)
-            path = write_rows(rows, Path(args.out) / f"{split}.{args.format}")
+            rows = make_rows(num, difficulty=difficulty, seed=args.seed, split=split)
+            path = write_rows(rows, Path(args.out) / f"{split}.{fmt}")
             print(f"wrote {len(rows)} {difficulty} {split} rows to {path}")
     except (ValueError, RLBenchError) as exc:
         print(f"error: {exc}", file=sys.stderr)

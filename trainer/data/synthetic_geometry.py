@@ -31,12 +31,10 @@ import argparse
 import random
 import sys
 import zlib
-from pathlib import Path
 from typing import Any
 
 from trainer.data.multimodal import IMAGE_PLACEHOLDER, png_bytes
-from trainer.data.synthetic import DIFFICULTIES, VAL_PERCENT, resolve_difficulty, write_rows
-from trainer.errors import RLBenchError
+from trainer.data.synthetic import DIFFICULTIES, VAL_PERCENT, resolve_difficulty, write_splits
 
 DATA_SOURCE = "synthetic/geometry"
 SIZE = 48
@@ -140,15 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="output directory for train.parquet and val.parquet")
     args = parser.parse_args(argv)
-    try:
-        difficulty = resolve_difficulty(int(args.difficulty) if args.difficulty.isdigit() else args.difficulty)
-        for split, num in (("train", args.num_train), ("val", args.num_val)):
-            rows = make_geometry_rows(num, difficulty=difficulty, seed=args.seed, split=split)
-            print(f"wrote {len(rows)} {difficulty} {split} rows to {write_rows(rows, Path(args.out) / f'{split}.parquet')}")
-    except (ValueError, RLBenchError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
+    return write_splits(make_geometry_rows, args, "parquet")
 
 
 if __name__ == "__main__":
