@@ -68,6 +68,7 @@ def test_logprobs_update_and_export_match_fsdp2(arch):
     meg = _megatron(_hf(arch))
     if arch in ("mixtral", "qwen3_moe"):  # the experts run as grouped GEMMs (trainer/backends/megatron_experts.py)
         assert type(meg.gpt.decoder.layers[0].mlp.experts).__name__ == "GroupedExperts"
+    assert type(meg.gpt.decoder.layers[0].self_attention.core_attention).__name__ == "CausalSDPA"
     batch = _batch()
     mask = batch.response_mask.bool()
     with torch.no_grad():
@@ -90,6 +91,29 @@ def test_logprobs_update_and_export_match_fsdp2(arch):
         torch.testing.assert_close(after[k], v.detach(), rtol=1e-4, atol=2e-5, msg=k)
         moved = max(moved, float((v.detach() - init[k]).abs().max()))
     assert moved > 1e-3  # two Adam steps of lr 1e-3 moved the weights: agreement is not "nothing changed"
+
+
+def test_sdpa_attention_equals_megatron_attention():
+    """`CausalSDPA` (torch SDPA, GQA without repeated K/V) computes what megatron's DotProductAttention
+    computes on the actor's left-aligned, causally masked rows; a wrong scale would not."""
+    from trainer.backends.megatron import build_bridge, build_gpt_model, init_parallel, left_align
+
+    hf = _hf("qwen3")  # GQA: 4 query heads over 2 KV groups
+    init_parallel(1, 1, seed=0)
+    bridge = build_bridge(hf.config, dtype=torch.float32)
+    fused, plain = build_gpt_model(bridge), build_gpt_model(bridge, sdpa_attention=False)
+    plain.load_state_dict(fused.state_dict())
+    ids, _ = left_align(_batch())
+    t = ids.shape[1]
+    pos = torch.arange(t)[None].expand_as(ids)
+    causal = torch.triu(torch.ones(t, t, dtype=torch.bool), 1)[None, None]
+    with torch.no_grad():
+        a, b = fused(ids, pos, causal), plain(ids, pos, causal)
+        attn = fused.decoder.layers[0].self_attention.core_attention
+        attn.softmax_scale *= 1.1
+        c = fused(ids, pos, causal)
+    assert (a - b).abs().max() < 1e-5
+    assert (c - b).abs().max() > 1e-3
 
 
 def _worker(rank: int, world: int, port: int, arch: str, tp: int, ep: int, out: str) -> None:

@@ -166,9 +166,11 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
     return bridge
 
 
-def build_gpt_model(bridge: Any, *, grouped_experts: bool = True) -> torch.nn.Module:
+def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention: bool = True) -> torch.nn.Module:
     """megatron-core GPTModel with the local layer spec, from the bridge's config. MoE experts:
-    `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron_experts.py`) or megatron's SequentialMLP."""
+    `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron_experts.py`) or megatron's SequentialMLP;
+    attention: `CausalSDPA` (torch's fused kernels, `trainer/backends/megatron_attention.py`) or megatron's
+    `DotProductAttention`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
@@ -179,6 +181,10 @@ def build_gpt_model(bridge: Any, *, grouped_experts: bool = True) -> torch.nn.Mo
         from trainer.backends.megatron_experts import use_grouped_experts
 
         use_grouped_experts(spec)
+    if sdpa_attention:
+        from trainer.backends.megatron_attention import use_sdpa_attention
+
+        use_sdpa_attention(spec)
     kw = bridge._get_gptmodel_args()
     bridge.vocab_size = bridge.padded_vocab_size = kw["vocab_size"]
     if bridge.make_vocab_size_divisible_by:
