@@ -16,7 +16,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 
 
 def documented_patterns() -> list[re.Pattern[str]]:
-    """Regexes for the names in the doc's tables: `a/b/{x,y}`, `a/b/x`, `/y` (same prefix), `<ds>`, `@N`."""
+    """Regexes for the names in the doc's tables: `a/b/{x,y}`, `a/b/x`, `/y` (same prefix), `<ds>`, `@N`, `<i>`."""
     patterns, prev = [], ""
     for line in DOC.read_text().splitlines():
         if not line.startswith("| `"):
@@ -30,7 +30,7 @@ def documented_patterns() -> list[re.Pattern[str]]:
             names = [name[:braces.start()] + alt + name[braces.end():] for alt in braces.group(1).split(",")] \
                 if braces else [name]
             for n in names:
-                rx = re.escape(n).replace("<data_source>", ".+").replace("@N", r"@\d+")
+                rx = re.escape(n).replace("<data_source>", ".+").replace("@N", r"@\d+").replace("<i>", r"\d+")
                 patterns.append(re.compile(rx + "$"))
     return patterns
 

@@ -20,6 +20,9 @@ FIFO queue tagged with the policy version it started under. The trainer side tak
   (`continue_generation`). Tokens sampled before the sync keep the log-probs and the policy
   version of the weights that sampled them (`_Group.versions`), so `rollout_logprobs` is always
   the behaviour policy of each token. Without it, a sync waits for the running call to finish.
+  With `agent.enable` the engine is the tool loop (trainer/agent/loop.py), interrupted the same
+  way: a trajectory stops mid-segment or between turns (tool calls already running finish first),
+  and resumes from its tokens, mask and turn counts (`_Group.masks`, `_Group.turns`).
 - Each response records the version it started and ended under; `max_partial_span` and
   `partial_ratio` come from those (verl's `fully_async/partial/*`).
 
@@ -34,8 +37,17 @@ Weights arrive over the bucketed broadcast group (`init_sync_group` / `receive_w
 trainer/distributed/weight_sync.py) in the order and dtypes of `weight_plan()`: the engine's
 parameters for the built-in engines, the HF checkpoint names for vLLM (whose worker fuses them).
 
-Departures: one rollout worker (one engine) per run; `groups_per_call` prompts per generate call
-(verl streams single prompts to a server).
+Several replicas (`async.rollout_gpus = M`): M of these workers, replica `i` of `M`, each with
+its own engine, its own shard of the training prompts (`rows[i::M]`, shuffled with
+`data.seed + i`), its own sampling seed (`trainer.seed + 1000 * i`) and its own share of
+`max_required` (the shares sum to it, so the staleness bound above holds for the run as a whole).
+Each finished group is stamped with the time it was queued (`done_t`); the driver takes the
+oldest groups over all the replicas' queues (`queued_times`, then `get_groups` on each), one FIFO
+as verl's single message queue. Every replica is a receiver of the same weight broadcast (ranks
+1..M of the sync group), and after a sync `weight_fingerprint()` lets the driver check that they
+all hold the same weights.
+
+Departures: `groups_per_call` prompts per generate call (verl streams single prompts to a server).
 """
 
 from __future__ import annotations
@@ -66,13 +78,15 @@ class _Group:
     interrupted: bool = False
     masks: list[list[int]] = field(default_factory=list)  # [n] multi-turn: 0 on tool-observation tokens
     turns: list[dict[str, Any]] = field(default_factory=list)  # [n] multi-turn: num_turns, tool_calls, ...
+    done_t: float = 0.0  # time.time() when the scored group was queued (the driver's FIFO over replicas)
 
     def done(self) -> bool:
         return all(f != "abort" for f in self.finish)
 
 
 class RolloutWorker:
-    def __init__(self, cfg_dict: dict[str, Any], *, max_required_groups: int, groups_per_call: int):
+    def __init__(self, cfg_dict: dict[str, Any], *, max_required_groups: int, groups_per_call: int,
+                 replica: int = 0, num_replicas: int = 1):
         from trainer.data.dataset import PromptDataset
         from trainer.models import eos_token_ids, load_model_and_tokenizer
         from trainer.rollout.registry import build_engine
@@ -86,20 +100,29 @@ class RolloutWorker:
         from trainer.agent.prompts import agent_rows
 
         train_rows, val_rows = agent_rows(cfg.agent, *load_split(cfg.data))  # tool-use prompts when agent.enable
+        self.replica, self.num_replicas = replica, num_replicas
+        train_rows = train_rows[replica::num_replicas]  # each replica samples its own shard of the prompts
+        if not train_rows:
+            raise ConfigError(f"async.rollout_gpus={num_replicas}: rollout replica {replica} gets no training "
+                              f"prompts (fix: lower async.rollout_gpus, or use more training rows)")
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
         self.eos_ids = eos_token_ids(self.tokenizer, model)
         self.engine = build_engine(cfg, model, self.tokenizer, self.eos_ids, self.device)
-        if cfg.agent.enable:  # multi-turn tool use: the agent loop (no partial rollout) with its own sandbox
+        self.engine.generator.manual_seed(cfg.trainer.seed + 1000 * replica)  # replicas sample differently
+        self.base_engine = self.engine
+        if cfg.agent.enable:  # multi-turn tool use: the agent loop (interruptible like the engine) with its sandbox
             from trainer.agent.loop import AgentRolloutEngine
 
-            self.engine = AgentRolloutEngine(self.engine, self.tokenizer, cfg.agent, out_dir=cfg.trainer.out_dir)
+            self.engine = AgentRolloutEngine(self.engine, self.tokenizer, cfg.agent,
+                                             out_dir=cfg.trainer.out_dir if replica == 0 else None)
         del model
         if cfg.async_.partial_rollout and not callable(getattr(self.engine, "continue_generation", None)):
             raise ConfigError(f"async.partial_rollout: rollout.engine={cfg.rollout.engine} cannot interrupt and continue "
                               f"a generation (fix: set async.partial_rollout=false, or rollout.engine=hf, static, vllm "
                               f"or sglang)")
         self.train_data = PromptDataset(train_rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                                        batch_size=groups_per_call, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
+                                        batch_size=groups_per_call, seed=cfg.data.seed + replica,
+                                        shuffle=cfg.data.shuffle,
                                         filter_overlong_prompts=cfg.data.filter_overlong_prompts,
                                         source=cfg.data.train_files)
         self.val_data = None
@@ -184,6 +207,11 @@ class RolloutWorker:
             torch.cuda.synchronize()
         return time.perf_counter() - t0
 
+    def weight_fingerprint(self) -> str:
+        """A digest of the weights this replica's engine holds (call while parked, after a sync);
+        equal digests on every replica mean every replica got the same weights."""
+        return weight_fingerprint(self.base_engine)
+
     def end_sync(self, version: int) -> dict[str, float]:
         """Adopt `version`, restart the staleness window at the carried-over groups, resume."""
         with self.cond:
@@ -224,6 +252,15 @@ class RolloutWorker:
             self.num_generated_groups = int(state["num_generated_groups"])
             self.num_generated_tokens = int(state["num_generated_tokens"])
 
+    def queued_times(self, known: int, timeout_s: float) -> list[float]:
+        """`done_t` of every queued group, once more than `known` are queued or after `timeout_s`."""
+        with self.cond:
+            deadline = time.perf_counter() + timeout_s
+            while len(self.queue) <= known and self.error is None and time.perf_counter() < deadline:
+                self.cond.wait(timeout=max(deadline - time.perf_counter(), 0.0))
+            self._raise_error()
+            return [g.done_t for g, _ in self.queue]
+
     def get_groups(self, k: int) -> tuple[list[tuple[dict, Batch]], dict[str, float]]:
         """Block until `k` groups are queued; return them (FIFO) with their version facts."""
         with self.cond:
@@ -234,7 +271,8 @@ class RolloutWorker:
             for _ in range(k):
                 g, batch = self.queue.popleft()
                 out.append(({"start_version": g.start_version, "end_version": list(g.end_version),
-                             "interrupted": g.interrupted}, batch))
+                             "interrupted": g.interrupted, "token_versions": [list(v) for v in g.versions],
+                             "replica": self.replica}, batch))
             self.cond.notify_all()
             return out, {"fully_async/monitor/queue/mq_queue_size": float(len(self.queue)),
                          "fully_async/count/total_generated_samples": float(self.num_generated_groups),
@@ -296,10 +334,13 @@ class RolloutWorker:
         n = self.cfg.rollout.n
         if groups[0].ids:  # continuing interrupted groups: only their unfinished responses
             where = [(gi, j) for gi, g in enumerate(groups) for j in range(n) if g.finish[j] == "abort"]
+            multi_turn = bool(groups[0].turns)  # tool-use trajectories resume from their mask and turn counts
             out = self.engine.continue_generation(
                 [groups[gi].item["prompt_ids"] for gi, _ in where], [groups[gi].ids[j] for gi, j in where],
                 [groups[gi].logps[j] for gi, j in where], params, should_stop=stop,
-                partial_versions=[groups[gi].versions[j] for gi, j in where])
+                partial_versions=[groups[gi].versions[j] for gi, j in where],
+                partial_masks=[groups[gi].masks[j] for gi, j in where] if multi_turn else None,
+                partial_turn_stats=[groups[gi].turns[j] for gi, j in where] if multi_turn else None)
         else:
             for g in groups:
                 g.ids, g.logps, g.versions = [[] for _ in range(n)], [[] for _ in range(n)], [[] for _ in range(n)]
@@ -314,7 +355,7 @@ class RolloutWorker:
             g.ids[j], g.logps[j], g.finish[j] = out.response_ids[row], out.response_logprobs[row], out.finish_reasons[row]
             g.versions[j] = out.token_versions[row] if out.token_versions else [self.version] * len(g.ids[j])
             g.end_version[j] = self.version
-            if out.turn_stats:  # multi-turn (never continued: the agent loop runs without partial rollout)
+            if out.turn_stats:  # multi-turn: the mask and turn counts of the whole response so far
                 g.masks = g.masks or [[] for _ in range(n)]
                 g.turns = g.turns or [{} for _ in range(n)]
                 g.masks[j], g.turns[j] = out.response_mask[row], out.turn_stats[row]
@@ -324,6 +365,8 @@ class RolloutWorker:
         scored = [(g, self._score(g)) for g in done]
         with self.cond:
             self.pending.extend(g for g in groups if not g.done())
+            for g, _ in scored:
+                g.done_t = time.time()
             self.queue.extend(scored)
             self.num_generated_groups += len(done)
             self.cond.notify_all()
@@ -339,7 +382,9 @@ class RolloutWorker:
                                    max_response_length=self.cfg.data.max_response_length)
         batch.meta = {k: [g.item[k]] * n for k in ("data_source", "ground_truth", "extra_info")}
         if g.turns:  # as trainer.steps.generate does: turn counts in meta, num_turns for the ReTool reward
-            for key in ("num_turns", "tool_calls", "tool_errors", "tool_s", "tool_wall_s"):
+            from trainer.agent.trajectory import TURN_KEYS
+
+            for key in TURN_KEYS:
                 batch.meta[key] = [t.get(key, 0) for t in g.turns]
             batch.meta["extra_info"] = [{**(e or {}), "num_turns": t["num_turns"]}
                                         for e, t in zip(batch.meta["extra_info"], g.turns)]
@@ -347,6 +392,30 @@ class RolloutWorker:
         batch.scores, acc = score(batch, self.tokenizer, self.cfg)
         batch.meta["acc"] = acc.tolist()
         return batch
+
+
+@torch.no_grad()
+def weight_fingerprint(engine: Any) -> str:
+    """A sha256 digest of an engine's weights: of every parameter's bytes where the engine holds them
+    in this process (`_params`: hf, static); else (vLLM, SGLang, whose weights live in the engine's
+    own processes) of the tokens and log-probs of a fixed greedy probe, which equal weights
+    reproduce exactly on one kind of device."""
+    import hashlib
+
+    from trainer.rollout.base import SamplingParams
+
+    digest = hashlib.sha256()
+    params = getattr(engine, "_params", None)
+    if isinstance(params, dict):
+        for name in sorted(params):
+            t = params[name].detach().contiguous().reshape(-1)
+            digest.update(name.encode())
+            digest.update(t.cpu().view(torch.uint8).numpy().tobytes())
+        return "params:" + digest.hexdigest()
+    probe = [[1 + i for i in range(16)]]  # token ids every vocabulary has
+    out = engine.generate(probe, SamplingParams(n=1, greedy=True, max_new_tokens=8, stop_token_ids=[]))
+    digest.update(repr((out.response_ids, out.response_logprobs)).encode())
+    return "probe:" + digest.hexdigest()
 
 
 def merge_groups(groups: list[tuple[dict, Batch]], pad_token_id: int) -> Batch:

@@ -64,6 +64,12 @@ def check_supported(cfg: TrainerConfig) -> None:
     if cfg.rollout.engine not in RAY_ENGINES:
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: not an engine the Ray path can build "
                           f"(fix: set rollout.engine to one of {', '.join(RAY_ENGINES)})")
+    tp = cfg.rollout.tensor_parallel_size
+    if tp > 1:  # each Ray worker is placed on one device: a replica spanning several is not built
+        more = "async.rollout_gpus" if cfg.trainer.mode == "fully_async" else "trainer.n_gpus_per_node"
+        raise ConfigError(f"rollout.tensor_parallel_size={tp}: on the Ray paths each rollout replica holds one "
+                          f"device, tensor parallelism inside a replica is not built (fix: set "
+                          f"rollout.tensor_parallel_size=1 and add replicas with {more})")
 
 
 class TrainerWorker:
