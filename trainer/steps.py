@@ -151,7 +151,9 @@ def generate(engine: RolloutEngine, items: list[dict[str, Any]], params: Samplin
             batch.meta[key] = [items[g].get(key) for g in rollout.group_index]
     batch.meta["finish_reason"] = rollout.finish_reasons
     if rollout.turn_stats:
-        for key in ("num_turns", "tool_calls", "tool_errors", "tool_s", "tool_wall_s"):
+        from trainer.agent.trajectory import TURN_KEYS
+
+        for key in TURN_KEYS:
             batch.meta[key] = [st.get(key, 0) for st in rollout.turn_stats]
         batch.meta["extra_info"] = [{**(extra or {}), "num_turns": st["num_turns"]}
                                     for extra, st in zip(batch.meta["extra_info"], rollout.turn_stats)]
@@ -235,8 +237,9 @@ def _groups_in_order(group_index: torch.Tensor) -> torch.Tensor:
 
 def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
     """`num_turns/mean|max|min`, `agent/tool_calls/mean`, `agent/tool_errors/mean`, `agent/tool_errors/total`,
-    `agent/tool_seconds/mean` and `timing_s/tool` (generation's wall time waiting for tools) of a
-    multi-turn batch ({} otherwise)."""
+    `agent/tool_seconds/mean`, `agent/tool_overlap_ratio` (share of tool run time hidden behind other
+    samples' decoding) and `timing_s/tool` (generation's wall time blocked on tools) of a multi-turn
+    batch ({} otherwise)."""
     if "num_turns" not in batch.meta:
         return {}
     turns = torch.tensor(batch.meta["num_turns"], dtype=torch.float32)  # [N]
@@ -246,6 +249,8 @@ def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
             f"{prefix}num_turns/min": float(turns.min()), f"{prefix}agent/tool_calls/mean": float(calls.mean()),
             f"{prefix}agent/tool_errors/mean": float(errors.mean()), f"{prefix}agent/tool_errors/total": float(errors.sum()),
             f"{prefix}agent/tool_seconds/mean": float(sum(batch.meta.get("tool_s", [0.0])) / max(1, float(calls.sum()))),
+            f"{prefix}agent/tool_overlap_ratio": min(1.0, float(sum(batch.meta.get("tool_overlap_s", [0.0])))
+                                                     / max(1e-9, float(sum(batch.meta.get("tool_s", [0.0]))))),
             f"{prefix}timing_s/tool": float(sum(batch.meta.get("tool_wall_s", [0.0])))}
 
 

@@ -11,7 +11,7 @@ import torch
 from trainer.agent.loop import AgentRolloutEngine
 from trainer.api import train
 from trainer.metrics import read_metrics
-from trainer.rollout.base import Rollout, RolloutEngine, SamplingParams
+from trainer.rollout.base import InterruptibleEngine, SamplingParams
 from trainer.steps import build_components, generate_scored_batch
 
 pytestmark = pytest.mark.integration
@@ -33,26 +33,24 @@ def test_training_run_with_the_agent_logs_turn_metrics(make_config):
         assert d["response_length/mean"] <= 16
 
 
-class CallThenModel(RolloutEngine):
+class CallThenModel(InterruptibleEngine):
     """Turn 1 of every row: a fixed tool call (log-prob -1 per token); later turns: the real engine."""
 
     name = "call-then-model"
 
-    def __init__(self, inner: RolloutEngine, tokenizer, code: str) -> None:
+    def __init__(self, inner: InterruptibleEngine, tokenizer, code: str) -> None:
         self.inner, self.tok = inner, tokenizer
         call = json.dumps({"name": "execute_python_code", "arguments": {"code": code}})
         self.call_ids = tokenizer.encode(f"<tool_call>{call}</tool_call>", add_special_tokens=False)
         self.version = 0
 
-    def generate(self, prompts: list[list[int]], params: SamplingParams) -> Rollout:
-        fresh = [i for i, p in enumerate(prompts) if not _contains(p, self.call_ids)]
-        if len(fresh) == len(prompts):
-            k = len(prompts)
-            return Rollout(prompt_ids=prompts, response_ids=[list(self.call_ids)] * k,
-                           response_logprobs=[[-1.0] * len(self.call_ids)] * k, finish_reasons=["stop"] * k,
-                           group_index=list(range(k)), policy_version=[0] * k)
+    def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams, should_stop=None):
+        fresh = [i for i, p in enumerate(rows) if not _contains(p, self.call_ids)]
+        if len(fresh) == len(rows):
+            k = len(rows)
+            return [list(self.call_ids)] * k, [[-1.0] * len(self.call_ids)] * k, ["stop"] * k
         assert not fresh, "rows move through turns together here"
-        return self.inner.generate(prompts, params)
+        return self.inner.decode_rows(rows, budgets, params, should_stop)
 
     def update_weights(self, named_tensors) -> None:
         self.inner.update_weights(named_tensors)

@@ -186,13 +186,18 @@ class InterruptibleEngine(RolloutEngine):
     def continue_generation(self, prompts: list[list[int]], partial_ids: list[list[int]],
                             partial_logprobs: list[list[float]], params: SamplingParams, *,
                             should_stop: Callable[[], bool] | None = None,
-                            partial_versions: list[list[int]] | None = None) -> Rollout:
+                            partial_versions: list[list[int]] | None = None,
+                            partial_masks: list[list[int]] | None = None,
+                            partial_turn_stats: list[dict] | None = None) -> Rollout:
         """Resume interrupted responses (one row each; `params.n` is ignored) under the current weights.
 
         Row i continues `prompts[i] + partial_ids[i]` for at most `max_new_tokens - len(partial_ids[i])`
         tokens. The returned response is the partial one plus the new tokens; the partial tokens keep
         the log-probs they were sampled with (`partial_logprobs`) and their versions
         (`partial_versions`, default: the current one), the new ones get this engine's.
+        `partial_masks` / `partial_turn_stats` (multi-turn responses, `trainer.agent.loop`, which
+        continues them itself): a single-turn engine's new tokens are all sampled (mask 1) and add
+        no turns, so the masks are extended with 1s and the turn counts come back as they were.
         """
         budgets = [params.max_new_tokens - len(p) for p in partial_ids]
         if min(budgets, default=1) < 1:
@@ -207,4 +212,7 @@ class InterruptibleEngine(RolloutEngine):
                        finish_reasons=finish, group_index=list(range(len(rows))),
                        policy_version=[self.version] * len(rows),
                        token_versions=[list(v) + [self.version] * len(t) for v, t in zip(
-                           partial_versions or [[self.version] * len(p) for p in partial_ids], new_tokens)])
+                           partial_versions or [[self.version] * len(p) for p in partial_ids], new_tokens)],
+                       response_mask=[list(m) + [1] * len(t) for m, t in zip(partial_masks, new_tokens)]
+                       if partial_masks is not None else [],
+                       turn_stats=[dict(st) for st in partial_turn_stats] if partial_turn_stats is not None else [])
