@@ -7,7 +7,7 @@
 #
 # Environment (all optional):
 #   SUITE          suite id (file suites/<id>.yaml) or "all" (default: all)
-#   PROFILE        full | mini | cpu (default: cpu)
+#   PROFILE        full | mini | cpu | cpu-vllm (default: cpu; cpu-vllm: the suites that define it)
 #   ARCH           gfx942 | gfx950 | sm_90 | cpu ... (default: detected with trainer.platform.detect_arch)
 #   ARTIFACTS_DIR  where report-<name>.html, junit-<name>.xml and the runs' small files go
 #                  (default: artifacts)
@@ -32,8 +32,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
 case "$PROFILE" in
-  full|mini|cpu) ;;
-  *) echo "ci/run_suites.sh: PROFILE=$PROFILE is not a profile; use full, mini or cpu" >&2; exit 2 ;;
+  full|mini|cpu|cpu-vllm) ;;
+  *) echo "ci/run_suites.sh: PROFILE=$PROFILE is not a profile; use full, mini, cpu or cpu-vllm" >&2; exit 2 ;;
 esac
 
 if [[ "$SUITE" == "all" ]]; then

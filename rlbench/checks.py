@@ -32,7 +32,10 @@ Scopes decide whether a reference applies here; when it does not the verdict is 
 the reason: profile mismatch; device-scoped references hold only on their board (token match
 of `device` in the device name, e.g. MI300X in "AMD Instinct MI300X"); numerics-scoped ones
 hold on their arches (default: the published arch for `full`, any arch for mini/cpu) and on
-other arches only with `cross_arch_tol`, which replaces `tol`. Golden references are checked
+other arches only with `cross_arch_tol`, which replaces `tol`; a reference with `engines` holds
+only on runs whose rollout engine it lists (`engines`: mode -> rollout.engine of that run; e.g.
+a weight-sync check that reads the engine's parameters, which vLLM keeps in its own process),
+and a run on another engine is skipped with the reference's `engines.why`. Golden references are checked
 by `rlbench.golden`. All work is vectorized per series: no Python loop over steps.
 """
 
@@ -220,8 +223,12 @@ def _no_values(frame: pd.DataFrame, ref: Reference) -> str:
 
 # ---------------------------------------------------------------------------- evaluation
 def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch: str,
-             device_name: str, golden_dir: str | Path | None = None, steps: int | None = None) -> list[CheckResult]:
+             device_name: str, golden_dir: str | Path | None = None, steps: int | None = None,
+             engines: dict[str, str] | None = None) -> list[CheckResult]:
     """Every reference of `suite` against `runs` (mode name -> metrics frame) of one profile.
+
+    `engines`: the rollout engine each mode's run used (mode -> rollout.engine); default: the
+    profile's own (`profile_engines`), right for logs trained without engine overrides.
 
     `steps`: how many steps the runs were meant to have (default: the profile's `steps`); a run
     trained to fewer on purpose (the first N steps of a profile) passes N, and only its checks
@@ -230,6 +237,8 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
     prof = suite.profile(profile)
     runs = {m: (f if f.index.is_monotonic_increasing else f.sort_index()) for m, f in runs.items()}
     covs = {m: Coverage.of(f, prof.steps if steps is None else steps) for m, f in runs.items()}
+    if engines is None:
+        engines = profile_engines(suite, profile)
     results: list[CheckResult] = []
     for ref in suite.references:
         reason, tol = skip_reason(suite, ref, profile, arch, device_name)
@@ -254,6 +263,10 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
             cid = ref.check_id(mode if (ref.modes or len(modes) > 1) else None)
             if mode not in prof.modes:
                 results.append(skipped(ref, f"profile {profile} does not run mode {mode}", ref.scope, cid, mode))
+            elif ref.engines is not None and engines.get(mode) not in ref.engines.only:
+                results.append(skipped(ref, f"computed with rollout.engine {'/'.join(ref.engines.only)} only; "
+                                            f"this run's engine is {engines.get(mode) or 'unknown'}: "
+                                            f"{ref.engines.why}", ref.scope, cid, mode))
             elif mode not in runs:
                 results.append(errored(ref, cid, mode, f"no run for mode {mode} (runs given: "
                                                       f"{', '.join(runs) or 'none'})"))
@@ -261,6 +274,17 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
                 results.append(check_metric(ref, runs[mode], tol=tol, run=mode, check_id=cid, note=cross,
                                             coverage=covs[mode]))
     return results
+
+
+def profile_engines(suite: Suite, profile: str, sets: list[str] | None = None) -> dict[str, str]:
+    """mode -> rollout.engine of the profile's runs (the trainer's default `hf` when unset), after `sets`."""
+    from trainer.config import apply_overrides
+
+    out = {}
+    for mode in suite.profile(profile).modes:
+        cfg = apply_overrides(suite.resolve_trainer_config(profile, mode, expand=False), list(sets or []))
+        out[mode] = str((cfg.get("rollout") or {}).get("engine") or "hf")
+    return out
 
 
 def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = "",

@@ -258,11 +258,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     print(f"machine: arch {info['arch']}, {info['num_gpus']} GPU(s), device {info['device_name'] or '-'}")
     for suite in discover_suites(directory):
         print(f"{suite.id}  ({suite.path})")
-        for pname in PROFILE_NAMES:
+        for pname in suite.profile_names():
             prof = suite.profile(pname)
             unmet = profile_unmet_requirements(suite, pname, info)
             can = "runs here" if not unmet else "cannot run here: " + "; ".join(unmet)
-            print(f"  {pname:5} {'+'.join(prof.modes):22} {prof.steps:4} steps  {can}")
+            print(f"  {pname:8} {'+'.join(prof.modes):22} {prof.steps:4} steps  {can}")
     return 0
 
 
@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common_run(sp: argparse.ArgumentParser, default_profile: str | None) -> None:
         sp.add_argument("suite", help="suite file (suites/<id>.yaml) or suite id")
         sp.add_argument("--profile", choices=PROFILE_NAMES, required=default_profile is None,
-                        default=default_profile, help="full | mini | cpu")
+                        default=default_profile, help="full | mini | cpu | cpu-vllm (where the suite defines it)")
         sp.add_argument("--arch", help="arch to run and check as (default: detected; cpu = CPU only)")
         sp.add_argument("--out", default="runs", help="runs go to OUT/<suite>/<profile>/ (default: runs)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],

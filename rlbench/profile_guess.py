@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rlbench.suite import PROFILE_NAMES, Suite
+from rlbench.suite import Suite
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def describe(have: Shape) -> str:
 def guess_profile(suite: Suite, frame: pd.DataFrame) -> tuple[str | None, str]:
     """(the one profile whose shape the log matches, what was seen) or (None, why no single one)."""
     have = log_shape(frame)
-    matches = [p for p in PROFILE_NAMES if not differences(profile_shape(suite, p), have)]
+    matches = [p for p in suite.profile_names() if not differences(profile_shape(suite, p), have)]
     seen = describe(have)
     if len(matches) == 1:
         return matches[0], seen

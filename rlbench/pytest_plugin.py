@@ -15,7 +15,8 @@ suite, profile or metric. Only the references that list a profile become its ite
   folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/runner.py). A status line per
   phase and a progress line per run (step k/N, s/step, score; rlbench/run_progress.py) go to the
   terminal (the trainer's own progress bar is captured by pytest; `-s` shows it).
-- `--profile` (full | mini | cpu, comma-separated; default: all three): a profile that this
+- `--profile` (full | mini | cpu | cpu-vllm, comma-separated; default: all; cpu-vllm is optional and
+  collected only from the suites that define it): a profile that this
   machine cannot run (GPU count, arch, packages, model/data paths) has every item skipped with
   the reason from `profile_unmet_requirements`. So the default runs exactly what can run here.
 - `--arch` (default: detected) that contradicts the detected hardware stops the session at
@@ -77,8 +78,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("rlbench", "rlbench case-study suites")
     g.addoption("--arch", default=None, help="arch to run and check as (default: detected; cpu = CPU only)")
     g.addoption("--profile", default=",".join(PROFILE_NAMES),
-                help="profiles to collect: full, mini, cpu, comma-separated (default: all; those this "
-                     "machine cannot run are skipped with the reason)")
+                help="profiles to collect: full, mini, cpu, cpu-vllm, comma-separated (default: all; those "
+                     "this machine cannot run are skipped with the reason; a suite without one has no items for it)")
     g.addoption("--rlbench-out", default="runs/suites", help="run folders go here (default: runs/suites)")
     g.addoption("--rlbench-report", default=None, help="session HTML report (default: <out>/session-report.html)")
     g.addoption("--rlbench-logs", default=None,
@@ -281,6 +282,8 @@ class SuiteFile(pytest.File):
         except RLBenchError as e:
             raise self.CollectError(str(e)) from None
         for profile in self.config.stash[_STATE].profiles:
+            if profile not in suite.profile_names():  # an optional profile (cpu-vllm) this suite lacks
+                continue
             yield SuiteProfile.from_parent(self, name=f"{suite.id}[{profile}]", suite=suite, profile=profile)
 
 

@@ -41,7 +41,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from rlbench.checks import evaluate
+from rlbench.checks import evaluate, profile_engines
 from rlbench.ingest import load_metrics
 from rlbench.report import ReportSection, overall_verdict, render_report, render_session_report
 from rlbench.report_summary import counts_text
@@ -275,8 +275,11 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     """Evaluate the suite's checks on each seed's runs; write checks.json, env.json and report.html.
 
     `ran_modes`: when only some of the profile's modes were run on purpose (`--mode`), checks
-    that read another mode are skipped instead of reported as errors.
+    that read another mode are skipped instead of reported as errors. The rollout engine of each
+    mode (for checks scoped to engines) is the profile's after `provenance["overrides"]` (the
+    runs' `--set`s).
     """
+    engines = profile_engines(suite, profile, provenance.get("overrides"))
     folder.mkdir(parents=True, exist_ok=True)
     results: list[CheckResult] = []
     seed_of: list[int] = []
@@ -285,7 +288,8 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     for seed, runs in runs_by_seed.items():
         # One reference at a time, so each result is known to come from its reference (pytest items).
         by_ref[seed] = [evaluate(suite.model_copy(update={"references": [ref]}), profile, runs, arch=arch,
-                                 device_name=device_name, golden_dir=golden_dir) for ref in suite.references]
+                                 device_name=device_name, golden_dir=golden_dir, engines=engines)
+                        for ref in suite.references]
         if ran_modes is not None:
             by_ref[seed] = [[_unrun_to_skip(r, ran_modes) for r in rs] for rs in by_ref[seed]]
         res = [r for rs in by_ref[seed] for r in rs]

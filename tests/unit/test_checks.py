@@ -231,3 +231,36 @@ def test_evaluating_a_long_run_is_fast() -> None:
     elapsed = time.perf_counter() - t0
     assert len(res) == 51 and all(r.verdict == "pass" for r in res), [r.message for r in res if r.verdict != "pass"]
     assert elapsed < 1.0, f"evaluate took {elapsed:.2f}s for 51 checks over 10k steps"
+
+
+def test_engine_scoped_check_is_skipped_with_its_reason_on_another_engine() -> None:
+    """A check that reads the engine's own parameters: evaluated (and able to fail) on hf, skipped with
+    the reference's reason on vLLM, whether or not the vLLM log has the metric."""
+    s = toy_suite([{"metric": "training/weight_sync_max_abs_diff", "op": "band", "lo": 0.0, "hi": 0.0,
+                    "profiles": ["cpu"], "source": "rlbench: exact copy",
+                    "engines": {"only": ["hf", "static"], "why": "vLLM keeps its weights in its own process"}}],
+                  modes={"colocated": {"gpus": 1}})
+    bad = frame(**{"training/weight_sync_max_abs_diff": [0.0, 0.0, 0.3]})
+    (r,) = evaluate(s, "cpu", {"colocated": bad}, arch="cpu", device_name="cpu", steps=2)  # default engine: hf
+    assert r.verdict == "fail"
+    (r,) = evaluate(s, "cpu", {"colocated": bad}, arch="cpu", device_name="cpu", steps=2, engines={"colocated": "hf"})
+    assert r.verdict == "fail"
+    for run in (bad, frame(x=[0.0, 1.0, 2.0])):  # with or without the metric
+        (r,) = evaluate(s, "cpu", {"colocated": run}, arch="cpu", device_name="cpu", steps=2,
+                        engines={"colocated": "vllm"})
+        assert r.verdict == "skip"
+        assert r.message == ("training/weight_sync_max_abs_diff:each in [0,0]: SKIP (computed with rollout.engine "
+                             "hf/static only; this run's engine is vllm: vLLM keeps its weights in its own process)")
+    with pytest.raises(ValueError, match="'engines' applies to kind 'metric' only"):
+        toy_suite([{"kind": "ratio", "metric": "timing_s/step", "stat": "median", "num": "colocated",
+                    "den": "fully_async", "op": ">=", "value": 1.0,
+                    "engines": {"only": ["hf"], "why": "w"}}])
+
+
+def test_profile_engines_follow_the_overrides() -> None:
+    from rlbench.checks import profile_engines
+
+    dapo = load_suite(SUITES / "verl_dapo_qwen25_math_7b_fully_async_gfx942.yaml")
+    assert profile_engines(dapo, "cpu") == {"fully_async": "hf"}
+    assert profile_engines(dapo, "cpu", ["rollout.engine=vllm"]) == {"fully_async": "vllm"}
+    assert profile_engines(dapo, "cpu-vllm") == {"colocated": "vllm", "fully_async": "vllm"}

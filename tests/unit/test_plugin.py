@@ -145,6 +145,26 @@ def test_collection_names_and_ids() -> None:
     assert len([c for ref in suite.references for c in expected_check_ids(suite, "full", ref)]) == 11
 
 
+def test_cpu_vllm_ids_and_only_the_suites_defining_it() -> None:
+    dapo = load_suite(ROOT / "suites" / f"{DAPO}.yaml")
+    ids = [cid for ref in dapo.references for cid in expected_check_ids(dapo, "cpu-vllm", ref)]
+    assert ids == [
+        "actor/pg_loss:no_nan@colocated", "actor/pg_loss:no_nan@fully_async",
+        "fully_async/staleness/max_version_lag:each in [0,2]@fully_async",
+        "response_length/mean:each in [1,24]@colocated", "response_length/mean:each in [1,24]@fully_async",
+        "critic/score/mean:delta[3]>=0.1@colocated", "critic/score/mean:delta[3]>=0.1@fully_async",
+        "training/rollout_probs_diff_max:each in [0,0.0001]@colocated",
+        *(f"golden:{m}:{k}" for k in ("critic/score/mean:mean_last[3]", "critic/score/mean:mean_first[3]",
+                                      "response_length/mean:mean") for m in ("colocated", "fully_async")),
+    ]
+
+
+def test_cpu_vllm_is_collected_from_the_suites_that_define_it(project: pytest.Pytester) -> None:
+    res = project.runpytest(*_args(project, "--arch", "cpu", "--profile", "cpu-vllm", "--collect-only", "-q"))
+    lines = [ln for ln in res.stdout.str().splitlines() if ln.startswith("suites/")]
+    assert len(lines) == 14 and all(ln.startswith(f"suites/{DAPO}.yaml::{DAPO}[cpu-vllm]::") for ln in lines)
+
+
 def test_collected_item_ids(project: pytest.Pytester) -> None:
     res = project.runpytest(*_args(project, "--arch", "cpu", "--profile", "cpu", "--collect-only", "-q"))
     lines = res.stdout.str().splitlines()

