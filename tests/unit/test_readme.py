@@ -43,6 +43,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "rlbench list": ("run", ""),
     "pytest suites/ --arch gfx950": ("gpu", "MI350X"),
     "pytest suites/ --arch cpu --profile cpu -k dapo": ("make test", ""),
+    "pytest suites/ --arch cpu --profile cpu-vllm": ("make test", ""),
     "rlbench run verl_dapo_qwen25_math_7b_fully_async_gfx942 --profile mini --out runs/": ("gpu", "GPU"),
     CHECK_SAMPLE: ("run", ""),
     "python -m trainer trainer/configs/grpo_smollm2_arithmetic.yaml actor.lr=2e-5 trainer.total_steps=10":
