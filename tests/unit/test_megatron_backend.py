@@ -163,3 +163,31 @@ def test_two_ranks_match_one(arch, tp, ep):
         d = (got["weights"][k] - v).abs()
         assert float(d.max()) <= 2.5e-4 and int((d > 2e-5).sum()) <= max(1, d.numel() // 1000), \
             (k, float(d.max()), int((d > 2e-5).sum()), d.numel())
+
+
+def test_fused_adam_switch_keeps_the_math():
+    """`use_fused_adam` turns the torch AdamW inside megatron's (chained) optimizer into torch's fused
+    kernel, state included; the steps equal foreach AdamW's."""
+    from types import SimpleNamespace
+
+    from trainer.backends.megatron_gpu import use_fused_adam
+
+    g = torch.Generator().manual_seed(0)
+    w0 = [torch.randn(7, 5, generator=g), torch.randn(11, generator=g)]
+    grads = [[torch.randn_like(w, dtype=torch.float32) for w in w0] for _ in range(3)]
+    runs = []
+    for fused in (False, True):
+        params = [torch.nn.Parameter(w.clone()) for w in w0]
+        opt = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1, foreach=True)
+        chained = SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=opt)])
+        for i, step_grads in enumerate(grads):
+            if fused and i == 1:  # switched with state already there, as after a resume
+                use_fused_adam(chained)
+                assert opt.param_groups[0]["fused"] and not opt.param_groups[0]["foreach"]
+            for p, gr in zip(params, step_grads):
+                p.grad = gr.clone()
+            opt.step()
+        runs.append([p.detach() for p in params])
+    for a, b in zip(*runs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(runs[1][0], w0[0])

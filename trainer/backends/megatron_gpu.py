@@ -6,7 +6,9 @@
 bf16 module parameters, fp32 gradient accumulation in megatron's contiguous grad buffers
 (`DistributedDataParallel(grad_reduce_in_fp32=True)`), fp32 master weights and Adam state sharded
 over the data-parallel ranks (`get_megatron_optimizer(use_distributed_optimizer=True)`), gradient
-norm and clipping by the optimizer (over all model-parallel shards). Not on CPU: megatron's grad
+norm and clipping by the optimizer (over all model-parallel shards). Without TransformerEngine or
+Apex megatron's Adam is torch's AdamW in its multi-kernel `foreach` form; `use_fused_adam` switches
+it to torch's fused kernel (one pass over master, gradient and moments per tensor; same math). Not on CPU: megatron's grad
 buffers and optimizers call CUDA unconditionally (the CPU path uses torch's all-reduce and AdamW).
 
 `Actor.update` runs unchanged: `finish_grads_and_clip` finishes the grad sync and makes megatron's
@@ -87,11 +89,26 @@ def use_megatron_optimizer(actor: Any) -> None:
                            adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.grad_clip, bf16=tcfg.bf16,
                            params_dtype=tcfg.params_dtype, use_distributed_optimizer=True)
     opt = get_megatron_optimizer(ocfg, [ddp])
+    use_fused_adam(opt)
     actor.ddp = ddp
     actor.model = ddp
     actor.megatron_optimizer = opt
     actor.optimizer = _Steps(ddp, opt, cfg.lr, cfg.warmup_steps)
     actor.scheduler = _Scheduler(actor.optimizer)
+
+
+def use_fused_adam(opt: Any) -> None:
+    """Run the torch Adam(W) inside megatron's (chained / distributed) optimizer as torch's fused kernel."""
+    for inner in getattr(opt, "chained_optimizers", [opt]):
+        torch_opt = getattr(inner, "optimizer", inner)
+        if not isinstance(torch_opt, torch.optim.Adam | torch.optim.AdamW):
+            continue  # TransformerEngine's or Apex's fused Adam: already one kernel
+        for group in torch_opt.param_groups:
+            group["foreach"], group["fused"] = False, True
+            for p in group["params"]:
+                state = torch_opt.state.get(p, {})
+                if "step" in state:  # the fused kernel reads the step count from the parameter's device
+                    state["step"] = torch.as_tensor(state["step"], dtype=torch.float32, device=p.device)
 
 
 def megatron_step(actor: Any) -> torch.Tensor:

@@ -5,16 +5,20 @@
 
 `--reference`: a tiny Qwen3-MoE (4 experts, top-2), its initial weights, one batch, and the HF-named
 weights after `MegatronActor.update` (two mini-batches) on CPU in fp32 (torch AdamW).
-`--check`: the same update on CUDA with bf16 parameters, megatron's DDP + distributed optimizer
-(fp32 masters) and the alltoall dispatcher; prints how far the weights are from the CPU run.
+`--check`: the same update on CUDA, in fp32 (held to the CPU tests' bound) and with bf16 parameters
+(a bf16 bound), megatron's DDP + distributed optimizer (fp32 masters) and the alltoall dispatcher;
+prints how far the weights are from the CPU run.
 `--bench`: a Qwen3-30B-A3B-shaped model (hidden 2048, 128 experts of 768, top-8, 32/4 heads of 128,
-vocab 151936; `--layers` of its 48) with random weights, `--batch` x `--seq` tokens per step:
-transformers' Qwen3MoeForCausalLM (`experts_implementation` = grouped_mm, bf16 params, fused AdamW)
-and megatron-core's GPTModel through mbridge (local spec, bf16 params, megatron DDP + distributed
-optimizer, alltoall dispatcher) with the experts as `GroupedExperts` (torch grouped_mm,
-trainer/backends/megatron_experts.py) and with megatron's own `moe_grouped_gemm=True`, which without
-TransformerEngine builds SequentialMLP (experts one at a time). Prints tok/s, MFU on active parameters (6 x active
-matmul parameters x tokens + causal attention, over `--peak-tflops`), peak memory.
+vocab 151936; `--layers` of its 48) with random weights, `--accum` micro-batches of `--batch` x `--seq`
+tokens per optimizer step, gradients clipped to norm 1 as the actor does. Variants (`--variants`):
+transformers' Qwen3MoeForCausalLM (`experts_implementation` = grouped_mm, bf16 params and Adam state,
+fused AdamW) and megatron-core's GPTModel through mbridge (local spec, bf16 params, megatron DDP with
+fp32 grad buffers + distributed optimizer with fp32 masters, alltoall dispatcher, `GroupedExperts`
+and `CausalSDPA`, torch's fused Adam), and that with one setting changed each: foreach Adam,
+allgather dispatcher, megatron's unfused attention, megatron's `moe_grouped_gemm=True` (which without
+TransformerEngine builds SequentialMLP: experts one at a time). Prints tok/s, MFU on active
+parameters (6 x active matmul parameters x tokens + causal attention, over `--peak-tflops`), peak
+memory; `--profile` adds the top CUDA kernels of one step.
 """
 
 from __future__ import annotations
@@ -149,7 +153,8 @@ def _timed(step, warmup: int, steps: int) -> float:
     return (time.perf_counter() - t) / steps
 
 
-def bench_transformers(c, batch: int, seq: int, impl: str, warmup: int, steps: int, profile: bool = False) -> dict:
+def bench_transformers(c, batch: int, seq: int, impl: str, warmup: int, steps: int, profile: bool = False,
+                       accum: int = 1) -> dict:
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
@@ -159,8 +164,10 @@ def bench_transformers(c, batch: int, seq: int, impl: str, warmup: int, steps: i
     x = torch.randint(0, c.vocab_size, (batch, seq), device="cuda")
 
     def step():
-        loss = model(input_ids=x, labels=x).loss
-        loss.backward()
+        for _ in range(accum):
+            loss = model(input_ids=x, labels=x).loss / accum
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)  # as the actor does
         opt.step()
         opt.zero_grad(set_to_none=True)
 
@@ -172,13 +179,14 @@ def bench_transformers(c, batch: int, seq: int, impl: str, warmup: int, steps: i
 
 
 def bench_megatron(c, batch: int, seq: int, warmup: int, steps: int, *, grouped_experts: bool = True,
-                   sdpa_attention: bool = True, dispatcher: str = "alltoall", profile: bool = False) -> dict:
+                   sdpa_attention: bool = True, dispatcher: str = "alltoall", fused_adam: bool = True,
+                   profile: bool = False, accum: int = 1) -> dict:
     from megatron.core import parallel_state as ps
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     from trainer.backends.megatron import build_bridge, build_gpt_model, init_parallel
-    from trainer.backends.megatron_gpu import _Steps
+    from trainer.backends.megatron_gpu import _Steps, use_fused_adam
 
     init_parallel(1, 1, seed=0)
     # moe_grouped_gemm=True without TransformerEngine still builds SequentialMLP (recorded as experts_module)
@@ -189,6 +197,8 @@ def bench_megatron(c, batch: int, seq: int, warmup: int, steps: int, *, grouped_
         grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True), module=model)
     opt = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-5, bf16=True, params_dtype=torch.bfloat16,
                                                  use_distributed_optimizer=True, clip_grad=1.0), [ddp])
+    if fused_adam:
+        use_fused_adam(opt)
     steps_obj = _Steps(ddp, opt, 1e-5, 0)
     x = torch.randint(0, c.vocab_size, (batch, seq), device="cuda")
     pos = torch.arange(seq, device="cuda")[None].expand(batch, seq)
@@ -196,8 +206,9 @@ def bench_megatron(c, batch: int, seq: int, warmup: int, steps: int, *, grouped_
 
     def step():
         steps_obj.zero_grad()
-        loss = ddp(x, pos, mask, labels=x)  # [b, s] per-token loss
-        loss.float().mean().backward()
+        for _ in range(accum):
+            loss = ddp(x, pos, mask, labels=x)  # [b, s] per-token loss
+            (loss.float().mean() / accum).backward()
         ddp.finish_grad_sync()
         opt.step()
 
@@ -205,7 +216,8 @@ def bench_megatron(c, batch: int, seq: int, warmup: int, steps: int, *, grouped_
     layer = model.decoder.layers[0]
     out = {"seconds": s, "experts_module": type(layer.mlp.experts).__name__,
            "attention_module": type(layer.self_attention.core_attention).__name__,
-           "dispatcher": bridge.config.moe_token_dispatcher_type, "optimizer": type(opt).__name__}
+           "dispatcher": bridge.config.moe_token_dispatcher_type, "optimizer": type(opt).__name__,
+           "adam": "fused" if fused_adam else "foreach"}
     if profile:
         out["profile"] = _profile(step)
     ps.destroy_model_parallel()
@@ -231,36 +243,39 @@ def _profile(step, rows: int = 30) -> list[dict]:
     return [{"total_ms": total / 1e3}] + top
 
 
+# name -> (function, its keyword arguments): the variants differ from "megatron" in one setting each
 VARIANTS = {
-    "fsdp2+transformers": lambda c, b, s, w, n, p: bench_transformers(c, b, s, "grouped_mm", w, n, p),
-    "megatron": lambda c, b, s, w, n, p: bench_megatron(c, b, s, w, n, profile=p),
-    "megatron allgather": lambda c, b, s, w, n, p: bench_megatron(c, b, s, w, n, dispatcher="allgather", profile=p),
-    "megatron unfused attention": lambda c, b, s, w, n, p: bench_megatron(c, b, s, w, n, sdpa_attention=False,
-                                                                         profile=p),
-    "megatron moe_grouped_gemm": lambda c, b, s, w, n, p: bench_megatron(c, b, s, w, max(1, n // 2),
-                                                                        grouped_experts=False, profile=p),
+    "fsdp2+transformers": (bench_transformers, {"impl": "grouped_mm"}),
+    "megatron": (bench_megatron, {}),
+    "megatron foreach adam": (bench_megatron, {"fused_adam": False}),
+    "megatron allgather": (bench_megatron, {"dispatcher": "allgather"}),
+    "megatron unfused attention": (bench_megatron, {"sdpa_attention": False}),
+    "megatron moe_grouped_gemm": (bench_megatron, {"grouped_experts": False}),
 }
 
 
 def bench(layers: int, batch: int, seq: int, peak: float, warmup: int, steps: int, variants: list[str],
-          profile: list[str]) -> list[dict]:
+          profile: list[str], accum: int = 1) -> list[dict]:
+    """Each variant with `accum` micro-batches of `batch x seq` tokens per optimizer step."""
     c = qwen3_30b_a3b(layers)
-    flops = active_flops(c, batch, seq)
+    flops = accum * active_flops(c, batch, seq)
     rows = []
     for name in variants:
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         try:
-            r = VARIANTS[name](c, batch, seq, warmup, steps, name in profile)
-            r.update(name=name, tok_s=batch * seq / r["seconds"], mfu_active=flops / r["seconds"] / (peak * 1e12),
+            fn, kw = VARIANTS[name]
+            r = fn(c, batch, seq, warmup=warmup, steps=steps, profile=name in profile, accum=accum, **kw)
+            r.update(name=name, accum=accum, tok_s=accum * batch * seq / r["seconds"], mfu_active=flops / r["seconds"] / (peak * 1e12),
                      peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)
         except Exception as e:  # noqa: BLE001 - a variant that does not run is reported, not hidden
             r = {"name": name, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
             traceback.print_exc()
         print("bench:", json.dumps({k: v for k, v in r.items() if k != "profile"}), flush=True)
         rows.append(r)
-    print(f"\nQwen3-30B-A3B shape, {layers} layers, {batch}x{seq} tokens, active TFLOP/step {flops / 1e12:.1f}")
+    print(f"\nQwen3-30B-A3B shape, {layers} layers, {accum} x {batch}x{seq} tokens per optimizer step, "
+          f"active TFLOP/step {flops / 1e12:.1f}")
     print(f"{'variant':30s} {'tok/s':>10s} {'MFU(active)':>12s} {'peak GiB':>9s}")
     for r in rows:
         if "error" in r:
@@ -281,9 +296,10 @@ def main() -> None:
     p.add_argument("--peak-tflops", type=float, default=989.0)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=5)
-    p.add_argument("--variants", default="fsdp2+transformers,megatron,megatron allgather,megatron unfused attention",
+    p.add_argument("--variants", default="fsdp2+transformers,megatron,megatron foreach adam",
                    help=f"comma-separated, of: {', '.join(VARIANTS)}")
     p.add_argument("--profile", default="", help="comma-separated variants to profile one step of (top kernels)")
+    p.add_argument("--accum", default="1", help="comma-separated micro-batches per optimizer step, one table each")
     p.add_argument("--out", help="write results as JSON here")
     a = p.parse_args()
     results: dict = {}
@@ -303,7 +319,8 @@ def main() -> None:
         unknown = sorted(set(names + prof) - set(VARIANTS))
         if unknown:
             p.error(f"--variants/--profile: unknown {unknown} (choose from {', '.join(VARIANTS)})")
-        results["bench"] = bench(a.layers, a.batch, a.seq, a.peak_tflops, a.warmup, a.steps, names, prof)
+        results["bench"] = [r for accum in a.accum.split(",") for r in
+                            bench(a.layers, a.batch, a.seq, a.peak_tflops, a.warmup, a.steps, names, prof, int(accum))]
     if a.out:
         import megatron.core
         import transformers
