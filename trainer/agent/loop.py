@@ -30,7 +30,7 @@ first token whose decoded prefix contains the tag (what follows was sampled afte
 dropped with its log-probs).
 
 Partial rollout (fully-async mode): `generate(..., should_stop=fn)` passes `fn` to every decode
-call and checks it before each one and after each tool call completes. Once it returns True, the
+call and checks it before each one and, while only tools run, every 20 ms. Once it returns True, the
 decode in flight stops at its next step, tool calls already running finish and their
 observations are appended (a sync waits for them, at most `agent.tool_timeout_s`), calls still
 queued are dropped, and every unfinished trajectory comes back with finish reason "abort".
@@ -81,6 +81,7 @@ from trainer.rollout.base import InterruptibleEngine, Rollout, RolloutEngine, Sa
 
 OBS_OPEN = "\n<tool_response>\n"
 OBS_CLOSE = "\n</tool_response>\n"
+_POLL_S = 0.02  # while only tools run, `should_stop` is checked this often
 __all__ = ["OBS_CLOSE", "OBS_OPEN", "TURN_KEYS", "AgentRolloutEngine"]
 
 
@@ -242,8 +243,11 @@ class AgentRolloutEngine(RolloutEngine):
                 if not ready:  # nothing to decode: wait for a tool call, and as long again for the others
                     t0 = time.perf_counter()
                     waited = list(pending.values())
-                    first, _ = wait(list(pending), return_when=FIRST_COMPLETED)
-                    wait([f for f in pending if f not in first], timeout=time.perf_counter() - t0)
+                    first: set[Future] = set()
+                    while not first and not stop_now():  # an interrupt is seen within _POLL_S
+                        first, _ = wait(list(pending), timeout=_POLL_S, return_when=FIRST_COMPLETED)
+                    if first:
+                        wait([f for f in pending if f not in first], timeout=time.perf_counter() - t0)
                     blocked = time.perf_counter() - t0
                     for t in waited:
                         t.stats["tool_wall_s"] += blocked / len(waited)
