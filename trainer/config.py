@@ -38,6 +38,24 @@ _POSITIVE_MODEL_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size
                           "num_experts", "num_local_experts", "num_experts_per_tok", "moe_intermediate_size")
 
 
+class WarmStartConfig(_Section):
+    """A short supervised warm start of the loaded model before RL (`trainer/warm_start.py`), cached per setting."""
+
+    data: Literal["tool-arithmetic"] = Field("tool-arithmetic", description=(
+        "'tool-arithmetic': synthetic arithmetic solved by calling execute_python_code and answering "
+        "'Answer: \\boxed{N}' (trainer/data/tool_traces.py), a stand-in for a tool-use SFT model"))
+    difficulty: Literal["easy", "medium", "hard"] = Field("hard", description="synthetic arithmetic level of the traces")
+    steps: int = Field(20, ge=1, description="optimizer steps (few on purpose: a partial habit for RL to improve)")
+    tool_fraction: float = Field(0.6, ge=0, le=1, description=(
+        "share of traces that call the tool; the rest answer directly (right answer, no tool)"))
+    num_examples: int = Field(256, ge=1, description="distinct training-split problems the traces are written for")
+    batch_size: int = Field(16, ge=1, description="traces per optimizer step")
+    lr: float = Field(1.0e-4, gt=0, description="AdamW learning rate of the warm start")
+    seed: Seed = Field(1234, description="the warm start's own seed (data order, trace choice), apart from the RL seed")
+    max_observation_tokens: int = Field(8, gt=0, description=(
+        "tool output tokens kept in a trace (set it to agent.max_observation_tokens, as the rollout cuts them)"))
+
+
 class ModelConfig(_Section):
     path: str = Field("embedded:smollm2-135m-instruct", min_length=1, description=(
         "local HF folder, a .gguf file, 'embedded:smollm2-135m-instruct' (GGUF shipped by the "
@@ -58,6 +76,9 @@ class ModelConfig(_Section):
     upcycle_top_k: int = Field(2, ge=1, description="experts per token of the upcycled MoE (model.upcycle_num_experts)")
     experts_implementation: Literal["auto", "grouped_mm", "batched_mm", "eager"] = Field("auto", description=(
         "transformers' MoE experts kernel; auto: grouped_mm where torch has it (the fastest), else eager"))
+    warm_start: WarmStartConfig | None = Field(None, description=(
+        "None: the model as loaded; a section: a short supervised warm start of it first (trainer/warm_start.py), "
+        "built once per setting and cached under $RLBENCH_CACHE/models/"))
 
 
     @field_validator("override_config")
@@ -283,6 +304,15 @@ class TrainerConfig(_Section):
                              f"{self.data.max_response_length} (fix: lower the buffer or raise the response length)")
         if self.algorithm.name == "ppo" and not self.critic.enable:
             raise ValueError("algorithm.name=ppo needs a value model (fix: set critic.enable=true)")
+        ws = self.model.warm_start
+        if ws is not None and ws.data == "tool-arithmetic":
+            if not self.agent.enable:
+                raise ValueError("model.warm_start.data=tool-arithmetic teaches tool calls, but agent.enable is false and "
+                                 "no tool would run them (fix: set agent.enable=true, or drop model.warm_start)")
+            if ws.max_observation_tokens != self.agent.max_observation_tokens:
+                raise ValueError(f"model.warm_start.max_observation_tokens={ws.max_observation_tokens} differs from "
+                                 f"agent.max_observation_tokens={self.agent.max_observation_tokens}: the traces would show "
+                                 f"tool outputs cut unlike the rollout's (fix: set both to the same value)")
         t = self.trainer
         if self.agent.enable and t.mode == "fully_async" and self.async_.partial_rollout:
             raise ValueError("agent.enable=true in trainer.mode=fully_async: the tool loop cannot be interrupted "

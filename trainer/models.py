@@ -14,7 +14,8 @@
 - `shape:qwen2.5-0.5b` etc.: the public config of a real model (table below) with random weights,
   for throughput runs with `load_format: dummy` when the real weights are not on the machine.
 `load_format: dummy` keeps the shapes of whatever `path` names and re-initializes the weights.
-`upcycle_num_experts: E` turns the loaded Llama into a Mixtral with E copies of each MLP
+`warm_start: {...}` trains the loaded model for a few supervised steps first (`trainer/warm_start.py`,
+cached). `upcycle_num_experts: E` turns the loaded Llama into a Mixtral with E copies of each MLP
 (`trainer/models_moe.py`); `experts_implementation` picks transformers' experts kernel of an MoE.
 """
 
@@ -219,6 +220,10 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
         model.apply(model._init_weights)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if model is not None and cfg.warm_start is not None:  # a few SFT steps first, cached (trainer/warm_start.py)
+        from trainer.warm_start import apply_warm_start
+
+        model = apply_warm_start(cfg, model, tokenizer, seed=seed)
     if model is not None and cfg.upcycle_num_experts:
         from trainer.models_moe import upcycle_to_mixtral
 

@@ -4,8 +4,8 @@ No small pretrained vision-language model ships in a Python package, and a rando
 never answers a figure question with a number, so GRPO on it has no reward to learn from. This
 trains `tiny:qwen2.5-vl` (vision tower included) for a few supervised steps on the *training*
 split of a synthetic geometry level: prompt = figure + question, target = the answer digits then
-``<|im_end|>``, loss = mean negative log-prob of the target tokens through the trainer's own
-log-prob path (`trainer.ops.logprobs.response_logprobs`). Its validation split (disjoint figures)
+``<|im_end|>``, through the warm-start steps and cache of `trainer.warm_start` (the same loss as
+the causal LMs' tool-use warm start there). Its validation split (disjoint figures)
 is never trained on. What a given number of steps buys is measured, not assumed, and written to
 ``warm_start.json``: after 40 steps (2 CPU cores, torch 2.13) the model answers every figure of
 geometry-easy with the format right but the same number, the most frequent answer ("1", greedy
@@ -22,8 +22,6 @@ loss curve ends and greedy validation accuracy after the warm start.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -49,14 +47,9 @@ def parse_name(name: str) -> tuple[str, str, int]:
 
 
 def _batch(items: list[dict[str, Any]], targets: list[list[int]], pad: int):
-    from trainer.batch import batch_from_rollout
-    from trainer.rollout.base import Rollout
+    from trainer.warm_start import sft_batch
 
-    n = len(items)
-    rollout = Rollout(prompt_ids=[it["prompt_ids"] for it in items], response_ids=targets,
-                      response_logprobs=[[0.0] * len(t) for t in targets], finish_reasons=["stop"] * n,
-                      group_index=list(range(n)))
-    batch = batch_from_rollout(rollout, pad_token_id=pad)
+    batch = sft_batch([it["prompt_ids"] for it in items], targets, pad)
     batch.meta["multi_modal_inputs"] = [it["multi_modal_inputs"] for it in items]
     return batch
 
@@ -66,7 +59,7 @@ def warm_start(arch: str, task: str, steps: int, out: Path) -> dict[str, Any]:
     from trainer.data.dataset import PromptDataset
     from trainer.data.synthetic import ensure_synthetic
     from trainer.models_vlm import build_tiny_vlm, load_vision_processor
-    from trainer.ops.logprobs import response_logprobs
+    from trainer.warm_start import supervised_steps
 
     t0 = time.perf_counter()
     model, tok = build_tiny_vlm(arch, dtype=torch.float32, attn_implementation="sdpa", seed=SEED, with_model=True)
@@ -74,34 +67,19 @@ def warm_start(arch: str, task: str, steps: int, out: Path) -> dict[str, Any]:
     train_rows, val_rows = ensure_synthetic(f"synthetic:{task}?num=512&num_val=64&seed={SEED}")
     train = PromptDataset(train_rows, tok, max_prompt_length=256, batch_size=BATCH, seed=SEED, processor=proc)
     val = PromptDataset(val_rows, tok, max_prompt_length=256, batch_size=64, shuffle=False, processor=proc)
-    target = lambda it: tok.encode(it["ground_truth"]) + [tok.eos_token_id]  # noqa: E731
-    opt = torch.optim.AdamW(model.parameters(), lr=LR)
-    losses = []
-    model.train()
-    for _ in range(steps):
+    target = lambda it: tok.encode(it["ground_truth"]) + [tok.eos_token_id]
+
+    def next_batch() -> Any:
         items = train.next_batch()
-        batch = _batch(items, [target(it) for it in items], tok.pad_token_id)
-        logp, _ = response_logprobs(model, batch)  # [B, R]
-        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    model.eval()
+        return _batch(items, [target(it) for it in items], tok.pad_token_id)
+
+    losses = supervised_steps(model, next_batch, steps, LR)
     val_acc = _greedy_accuracy(model, tok, val)
     facts = {"arch": arch, "task": task, "steps": steps, "seed": SEED, "lr": LR, "batch": BATCH,
              "loss_first": losses[0], "loss_last": losses[-1], "val_acc_greedy": val_acc,
              "num_val": len(val), "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-    model.save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    (tmp / "warm_start.json").write_text(json.dumps(facts, indent=2))
-    if out.exists():  # another process finished first
-        import shutil
-
-        shutil.rmtree(tmp)
-    else:
-        tmp.rename(out)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
     return facts
 
 
@@ -127,12 +105,11 @@ def load_warm_started(name: str, *, dtype: torch.dtype, attn_implementation: str
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
     from trainer.models import cache_dir
+    from trainer.warm_start import build_cached
 
     arch, task, steps = parse_name(name)
     folder = cache_dir() / "models" / f"tiny-{arch}-sft-{task}-{steps}"
-    if not (folder / "warm_start.json").is_file():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        warm_start(arch, task, steps, folder)
+    build_cached(folder, lambda out: warm_start(arch, task, steps, out))
     model = Qwen2_5_VLForConditionalGeneration.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation)
     return model, AutoTokenizer.from_pretrained(folder)
 
@@ -152,8 +129,10 @@ def main(argv: list[str] | None = None) -> int:
         if (folder / "warm_start.json").is_file():
             print(f"cached: {folder}\n{(folder / 'warm_start.json').read_text()}")
             return 0
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        print(json.dumps(warm_start(args.arch, args.task, args.steps, folder), indent=2))
+        from trainer.warm_start import build_cached
+
+        build_cached(folder, lambda out: warm_start(args.arch, args.task, args.steps, out))
+        print((folder / "warm_start.json").read_text())
         print(f"wrote {folder}  (model.path: tiny:{name})")
     except RLBenchError as exc:
         print(f"error: {exc}", file=sys.stderr)
