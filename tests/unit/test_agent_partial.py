@@ -105,10 +105,11 @@ def test_interrupt_between_turns_continues_under_new_weights(kind: str) -> None:
 
 
 class InterruptInAnswer(InterruptibleEngine):
-    """The real engine; its first decode of an answer segment is interrupted after one step (a sync then)."""
+    """The real engine; its first decode of an answer segment is interrupted after `steps` checks of
+    `should_stop` (hf, static, vLLM: before each decode step; SGLang: after each streamed chunk)."""
 
-    def __init__(self, inner: InterruptibleEngine, obs_end: int) -> None:
-        self.inner, self.obs_end, self.fired = inner, obs_end, False
+    def __init__(self, inner: InterruptibleEngine, obs_end: int, steps: int = 1) -> None:
+        self.inner, self.obs_end, self.steps, self.fired = inner, obs_end, steps, False
 
     @property
     def version(self) -> int:
@@ -121,7 +122,7 @@ class InterruptInAnswer(InterruptibleEngine):
     def decode_rows(self, rows, budgets, params, should_stop):
         if not self.fired and rows[0][-1] == self.obs_end:
             self.fired = True
-            should_stop = stop_after(1)
+            should_stop = stop_after(self.steps)
         return self.inner.decode_rows(rows, budgets, params, should_stop)
 
     def update_weights(self, named_tensors) -> None:
@@ -232,3 +233,90 @@ def test_tool_calls_run_while_other_samples_decode(policy: ToolPolicy) -> None:
     assert 0.2 < m["agent/tool_overlap_ratio"] <= 1.0
     # the loop was blocked on tools for less than the slow tool took: part of it was hidden behind decoding
     assert m["timing_s/tool"] < out.turn_stats[0]["tool_s"] - SlowDecode.DECODE_S
+
+
+def test_rollout_worker_continues_tool_trajectories_across_a_weight_sync(tmp_path) -> None:
+    """The fully-async rollouter (in this process, no Ray): a sync lands while tools run; every
+    trajectory finishes under the new weights, each token tagged with the version that sampled it."""
+    from tests.helpers.configs import tiny_config
+    from trainer.distributed.rollout_worker import RolloutWorker
+
+    p = ToolPolicy(code=SLOW)
+    folder = p.save(tmp_path / "policy")
+    cfg = tiny_config(str(tmp_path / "run"), model={"path": folder, "dtype": "float32"},
+                      data={"train_files": "synthetic:arithmetic-easy?num=16&num_val=4", "max_response_length": 80},
+                      rollout={"n": 2}, trainer={"mode": "fully_async", "test_freq": 0},
+                      agent={"enable": True, "max_turns": 3}, **{"async": {"partial_rollout": True}})
+    worker = RolloutWorker(cfg, max_required_groups=2, groups_per_call=2)
+    agent = worker.engine
+    started = threading.Event()
+    run_tool = agent.run_tool
+    agent.run_tool = lambda call: (started.set(), run_tool(call))[1]
+    worker.start()
+    try:
+        assert started.wait(120), "no tool call started"
+        worker.begin_sync()  # interrupts the tool loop: running calls finish, queued ones wait for the new weights
+        assert len(worker.pending) == 2 and not worker.queue  # both groups are mid-trajectory
+        worker.engine.update_weights(p.named_weights(1))  # what receive_weights does after the broadcast
+        worker.end_sync(1)
+        groups = worker.get_groups(2)[0]
+    finally:
+        worker.stop()
+    obs = agent.observation_ids("42")
+    for facts, batch in groups:
+        assert facts["start_version"] == 0 and facts["end_version"] == [1, 1] and facts["interrupted"]
+        assert batch.meta["num_turns"] == [4, 4] and batch.meta["tool_calls"] == [1, 1]
+        assert batch.meta["finish_reason"] == ["stop", "stop"]
+        for j in range(2):
+            ids = batch.responses[j][batch.attention_mask[j, -batch.responses.shape[1]:].bool()].tolist()
+            assert ids == [p.call, *obs, p.so, p.answers[1], p.eos]  # answered by the new weights
+            versions = facts["token_versions"][j]
+            assert versions[0] == 0 and versions[-3:] == [1, 1, 1]  # the call by version 0, the answer by 1
+            assert batch.response_mask[j, : len(ids)].tolist() == [1] + [0] * len(obs) + [1, 1, 1]
+
+
+# ---------------------------------------------------------------- SGLang, through its fakes (sglang is not installed here)
+def sglang_agent(p: ToolPolicy, **agent_cfg):
+    """The agent loop on `SGLangRolloutEngine` over the SGLang-shaped fake of tests/unit/test_engine_adapters.py,
+    whose requests follow the policy's script for the weights version it was sent last (log-prob -0.01)."""
+    from tests.unit.test_engine_adapters import FakeSGLangEngine
+    from trainer.rollout.sglang_engine import SGLangRolloutEngine
+
+    fake = FakeSGLangEngine()
+
+    def script(row: list[int], sp: dict) -> tuple[list[int], list[float], str]:
+        table = p.table(sum(1 for c in fake.calls if c[0] == "update" and c[2]))
+        out, last = [], row[-1]
+        while len(out) < sp["max_new_tokens"] and (not out or out[-1] not in sp["stop_token_ids"]):
+            last = table.get(last, p.eos)
+            out.append(last)
+        return out, [-0.01] * len(out), "stop" if out[-1] in sp["stop_token_ids"] else "length"
+    fake.script = script
+    engine = SGLangRolloutEngine(fake, eos_token_ids=[p.eos])
+    return FlagAgent(engine, p.tok, AgentConfig(enable=True, **agent_cfg)), engine, fake
+
+
+def test_sglang_tool_loop_interrupted_between_turns_and_mid_segment() -> None:
+    p = ToolPolicy(code=SLOW)
+    agent, engine, fake = sglang_agent(p)
+    obs = agent.observation_ids("42")
+    whole = agent.generate([p.prompt()], params(p))
+    assert whole.response_ids == [[p.call, *obs, p.so, p.answers[0], p.eos]] and whole.finish_reasons == ["stop"]
+    assert whole.turn_stats[0]["num_turns"] == 4 and not fake.aborted
+    # a sync while the tool runs
+    agent.tool_started.clear()
+    out = agent.generate([p.prompt()], params(p), should_stop=agent.tool_started.is_set)
+    assert out.finish_reasons == ["abort"] and out.response_ids[0] == [p.call, *obs]
+    engine.update_weights(p.named_weights(1))
+    cont = resume(agent, p, out, [0])
+    assert cont.response_ids[0] == [p.call, *obs, p.so, p.answers[1], p.eos]
+    assert cont.token_versions[0] == [0] * (1 + len(obs)) + [1, 1, 1] and cont.turn_stats[0]["num_turns"] == 4
+    # mid-segment: SGLang's own abort (tokenizer_manager.abort_request) after the answer's first streamed token
+    agent2, engine2, fake2 = sglang_agent(p)
+    agent2.inner = InterruptInAnswer(engine2, p.obs_end, steps=0)  # should_stop is checked after each chunk
+    out = agent2.generate([p.prompt()], params(p), should_stop=lambda: False)
+    assert fake2.aborted and out.finish_reasons == ["abort"] and out.response_ids[0] == [p.call, *obs, p.so]
+    engine2.update_weights(p.named_weights(1))
+    cont = resume(agent2, p, out, [0])
+    assert cont.response_ids[0] == [p.call, *obs, p.so, p.answers[1], p.eos]
+    assert cont.token_versions[0] == [0] * (2 + len(obs)) + [1, 1] and cont.turn_stats[0]["num_turns"] == 4
