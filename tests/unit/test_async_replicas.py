@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
-from trainer.distributed.rollout_worker import weight_fingerprint
-from trainer.distributed.weight_sync import SyncGroup, WeightSpec, receive, send
+from trainer.distributed.weight_sync import SyncGroup, WeightSpec, receive, send, weight_fingerprint
 from trainer.errors import ConfigError
 from trainer.models import load_model_and_tokenizer
 from trainer.modes.fully_async import replica_shares, token_version_errors

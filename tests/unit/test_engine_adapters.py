@@ -209,7 +209,8 @@ def test_vllm_engine_death_is_one_line_engine_died_error():
         raise Dead("EngineCore encountered an issue.\nSee stack trace above")
     llm.llm_engine.step = boom
     for call in (lambda: engine.generate([[1]], SamplingParams()),
-                 lambda: (setattr(llm, "collective_rpc", lambda *a, **k: boom()), engine.update_weights([]))):
+                 lambda: (setattr(llm, "collective_rpc", lambda *a, **k: boom()), engine.update_weights([])),
+                 lambda: (setattr(llm, "sleep", lambda *a, **k: boom()), engine.sleep())):  # the update's sleep
         with pytest.raises(EngineDiedError) as e:
             call()
         msg = str(e.value)
@@ -227,6 +228,19 @@ def test_vllm_watchdog_wakes_a_step_blocked_on_a_dead_engine_core():
     core.resources.engine_dead = True  # what vLLM's monitor thread sets when the process dies
     assert isinstance(core.outputs_queue.get(timeout=5), Dead)
     assert watch_engine_core(SimpleNamespace(), Dead) is False  # in-process engine: nothing to watch
+
+
+def test_vllm_watchdog_fails_a_weight_update_waiting_on_a_dead_engine_core():
+    import queue
+    from concurrent.futures import Future
+
+    waiting = Future()  # a collective_rpc in flight: vLLM's client waits on it with no timeout
+    core = SimpleNamespace(resources=SimpleNamespace(engine_dead=False), outputs_queue=queue.Queue(),
+                           utility_results={7: waiting})
+    watch_engine_core(core, Dead, period_s=0.01)
+    core.resources.engine_dead = True
+    with pytest.raises(Dead):
+        waiting.result(timeout=5)
 
 
 def test_vllm_weight_update_names_dtype_payloads_cache_and_sleep():

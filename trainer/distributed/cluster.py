@@ -98,10 +98,14 @@ def get(refs: Any, *, what: str, context: str = "") -> Any:
     """`ray.get(refs)`, with a dead actor turned into `WorkerDiedError` naming `what` and `context`."""
     import ray
 
+    from trainer.rollout.vllm_engine import EngineDiedError
+
     try:
         return ray.get(refs)
     except ray.exceptions.RayTaskError as e:  # the method raised: a user error keeps its own message
         cause = getattr(e, "cause", None)
+        if isinstance(cause, EngineDiedError):  # the worker lives, its engine died: say which worker, when
+            raise WorkerDiedError(f"{what}'s engine died{(' ' + context) if context else ''}: {cause}") from None
         if isinstance(cause, RLBenchError):
             raise type(cause)(str(cause)) from None
         first = str(cause or e).strip().splitlines()[-1] if str(cause or e).strip() else type(e).__name__

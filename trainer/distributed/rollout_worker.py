@@ -62,7 +62,7 @@ import torch
 
 from trainer.batch import Batch, batch_from_rollout, concat_batches
 from trainer.config import TrainerConfig
-from trainer.errors import ConfigError
+from trainer.errors import ConfigError, RLBenchError
 from trainer.rollout.base import Rollout
 
 
@@ -210,6 +210,8 @@ class RolloutWorker:
     def weight_fingerprint(self) -> str:
         """A digest of the weights this replica's engine holds (call while parked, after a sync);
         equal digests on every replica mean every replica got the same weights."""
+        from trainer.distributed.weight_sync import weight_fingerprint
+
         return weight_fingerprint(self.base_engine)
 
     def end_sync(self, version: int) -> dict[str, float]:
@@ -288,6 +290,8 @@ class RolloutWorker:
 
     # ------------------------------------------------------------------ the generation loop
     def _raise_error(self) -> None:
+        if isinstance(self.error, RLBenchError):  # e.g. the engine died: its one-line message, unchanged
+            raise self.error
         if self.error is not None:
             raise RuntimeError(f"rollout loop failed: {self.error!r}") from self.error
 
@@ -392,30 +396,6 @@ class RolloutWorker:
         batch.scores, acc = score(batch, self.tokenizer, self.cfg)
         batch.meta["acc"] = acc.tolist()
         return batch
-
-
-@torch.no_grad()
-def weight_fingerprint(engine: Any) -> str:
-    """A sha256 digest of an engine's weights: of every parameter's bytes where the engine holds them
-    in this process (`_params`: hf, static); else (vLLM, SGLang, whose weights live in the engine's
-    own processes) of the tokens and log-probs of a fixed greedy probe, which equal weights
-    reproduce exactly on one kind of device."""
-    import hashlib
-
-    from trainer.rollout.base import SamplingParams
-
-    digest = hashlib.sha256()
-    params = getattr(engine, "_params", None)
-    if isinstance(params, dict):
-        for name in sorted(params):
-            t = params[name].detach().contiguous().reshape(-1)
-            digest.update(name.encode())
-            digest.update(t.cpu().view(torch.uint8).numpy().tobytes())
-        return "params:" + digest.hexdigest()
-    probe = [[1 + i for i in range(16)]]  # token ids every vocabulary has
-    out = engine.generate(probe, SamplingParams(n=1, greedy=True, max_new_tokens=8, stop_token_ids=[]))
-    digest.update(repr((out.response_ids, out.response_logprobs)).encode())
-    return "probe:" + digest.hexdigest()
 
 
 def merge_groups(groups: list[tuple[dict, Batch]], pad_token_id: int) -> Batch:

@@ -14,6 +14,10 @@ Parameters are packed into flat buckets of at most `bucket_mb` MiB of one dtype,
 bucket, so the number of collectives is small and no bucket is larger than the budget. The
 receiver unpacks each bucket as it arrives (`receive` is a generator, consumed by
 `update_weights`), so it never holds more than one bucket beside its own weights.
+
+With several rollout replicas (fully-async `async.rollout_gpus > 1`) the one broadcast reaches all
+of them (ranks 1..M); `weight_fingerprint(engine)` digests what each replica's engine then holds,
+so the driver can check that all hold the same weights.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -120,3 +125,27 @@ def receive(group: SyncGroup, plan: list[WeightSpec], *, bucket_mb: float = 256.
         for spec in bucket:
             yield spec.name, flat[offset:offset + spec.numel].view(spec.shape)
             offset += spec.numel
+
+
+@torch.no_grad()
+def weight_fingerprint(engine: Any) -> str:
+    """A sha256 digest of an engine's weights: of every parameter's bytes where the engine holds them
+    in this process (`_params`: hf, static); else (vLLM, SGLang, whose weights live in the engine's
+    own processes) of the tokens and log-probs of a fixed greedy probe, which equal weights
+    reproduce exactly on one kind of device."""
+    import hashlib
+
+    from trainer.rollout.base import SamplingParams
+
+    digest = hashlib.sha256()
+    params = getattr(engine, "_params", None)
+    if isinstance(params, dict):
+        for name in sorted(params):
+            t = params[name].detach().contiguous().reshape(-1)
+            digest.update(name.encode())
+            digest.update(t.cpu().view(torch.uint8).numpy().tobytes())
+        return "params:" + digest.hexdigest()
+    probe = [[1 + i for i in range(16)]]  # token ids every vocabulary has
+    out = engine.generate(probe, SamplingParams(n=1, greedy=True, max_new_tokens=8, stop_token_ids=[]))
+    digest.update(repr((out.response_ids, out.response_logprobs)).encode())
+    return "probe:" + digest.hexdigest()

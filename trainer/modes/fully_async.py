@@ -55,8 +55,10 @@ whose rollouter checkpoint is its dataloader state only.
 
 At the end the rollout engine's facts (graph capture seconds, any capture error) go to `engine.json`
 (a list, one per replica, when M > 1).
-A worker that dies ends the run with `WorkerDiedError` naming the step; the metrics of the
-completed steps stay in `metrics.jsonl` and `failure.json` records what happened.
+A worker that dies, or whose engine dies (a vLLM engine-core process killed: "rollout worker's
+engine died at trainer step N ..."), ends the run with `WorkerDiedError` naming the step; the
+metrics of the completed steps stay in `metrics.jsonl`, `failure.json` records what happened, and
+`rlbench check` renders the report from them (tests/engines/test_vllm_engine_dies_in_a_run.py).
 Not yet: a critic; tensor parallelism inside a replica (each rollout worker holds one device).
 """
 
@@ -214,8 +216,11 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         bucket_mb = 256.0
 
         def sync_weights(context: str) -> None:  # one bucketed broadcast, trainer rank 0 -> every replica
-            get([w.send_weights.remote(plan, bucket_mb) for w in trainers.workers]
-                + [r.receive_weights.remote(plan, bucket_mb) for r in rollouters], what="a worker", context=context)
+            sends = [w.send_weights.remote(plan, bucket_mb) for w in trainers.workers]
+            receives = [r.receive_weights.remote(plan, bucket_mb) for r in rollouters]
+            for i, ref in enumerate(receives):  # the receivers first: a replica's engine dying here is named
+                get(ref, what="rollout worker" if M == 1 else f"rollout worker {i}", context=context)
+            get(sends, what="a trainer worker", context=context)
 
         # resume: trainers load the checkpoint, the rollouter gets its weights, version and prompt position
         version, last_val_step, last_save_step, stale_groups_total = 0, 0, 0, 0

@@ -173,17 +173,22 @@ def watch_engine_core(core: Any, dead_error: type[BaseException], period_s: floa
 
     vLLM 0.32's synchronous client (`SyncMPClient`) marks the engine dead from its monitor thread
     (`resources.engine_dead`) but puts nothing into the queue `get_output()` blocks on, so a step
-    waiting for an engine that was killed waits forever. This daemon thread puts `dead_error()`
-    there once the flag is set, which `get_output` raises. Returns False (nothing to watch) for an
-    in-process engine."""
+    waiting for an engine that was killed waits forever; so does a `collective_rpc` (a weight
+    update) in flight, whose future (`utility_results`) is never resolved. This daemon thread puts
+    `dead_error()` into the queue once the flag is set, which `get_output` raises, and fails the
+    pending futures with it. Returns False (nothing to watch) for an in-process engine."""
     resources, queue = getattr(core, "resources", None), getattr(core, "outputs_queue", None)
     if resources is None or queue is None or not hasattr(resources, "engine_dead"):
         return False
+    pending = getattr(core, "utility_results", {})
 
     def watch() -> None:
         while not resources.engine_dead:
             time.sleep(period_s)
         queue.put_nowait(dead_error())
+        for future in list(pending.values()):
+            if not future.done():
+                future.set_exception(dead_error())
     threading.Thread(target=watch, name="rlbench-vllm-engine-watch", daemon=True).start()
     return True
 
@@ -322,12 +327,18 @@ class VLLMRolloutEngine(InterruptibleEngine):
     # ------------------------------------------------------------------ memory
     def sleep(self) -> None:
         if not self._asleep:
-            self.llm.sleep(level=1)
+            try:
+                self.llm.sleep(level=1)
+            except self._dead_errors as e:
+                raise self._died("sleep", e) from e
             self._asleep = True
 
     def wake_up(self) -> None:
         if self._asleep:
-            self.llm.wake_up()
+            try:
+                self.llm.wake_up()
+            except self._dead_errors as e:
+                raise self._died("wake-up", e) from e
             self._asleep = False
 
     def facts(self) -> dict[str, Any]:
