@@ -314,9 +314,6 @@ class TrainerConfig(_Section):
                                  f"agent.max_observation_tokens={self.agent.max_observation_tokens}: the traces would show "
                                  f"tool outputs cut unlike the rollout's (fix: set both to the same value)")
         t = self.trainer
-        if self.agent.enable and t.mode == "fully_async" and self.async_.partial_rollout:
-            raise ValueError("agent.enable=true in trainer.mode=fully_async: the tool loop cannot be interrupted "
-                             "mid-trajectory at a weight sync (fix: set async.partial_rollout=false)")
         if t.log_val_generations and (t.mode != "colocated" or t.use_ray or t.n_gpus_per_node * t.nnodes > 1):
             raise ValueError(f"trainer.log_val_generations={t.log_val_generations}: validation samples are written by "
                              "the single-process colocated loop only (fix: set trainer.log_val_generations=0, or run "
