@@ -96,3 +96,17 @@ def test_tensor_parallel_inside_a_ray_replica_is_refused_in_one_line(tmp_path, m
     with pytest.raises(ConfigError, match="rollout.tensor_parallel_size=2") as e:
         check_supported(cfg)
     assert "\n" not in str(e.value) and f"add replicas with {fix}" in str(e.value)
+
+
+def test_more_prompts_per_call_than_a_replica_may_start_is_refused_before_ray_starts(tmp_path):
+    from trainer.config import load_config
+    from trainer.modes.fully_async import train_fully_async
+
+    # cap 4 * (1 + 0) * 1 = 4 groups per version over 2 replicas: 2 each, a call of 3 could never start
+    cfg = load_config("trainer/configs/grpo_tiny_arithmetic.yaml", [
+        f"trainer.out_dir={tmp_path}", "trainer.mode=fully_async", "async.rollout_gpus=2",
+        "async.staleness_threshold=0", "async.trigger_parameter_sync_step=1", "async.rollout_groups_per_call=3"])
+    with pytest.raises(ConfigError, match="async.rollout_groups_per_call=3") as e:
+        train_fully_async(cfg)
+    assert "\n" not in str(e.value) and "at most 2" in str(e.value)
+    assert not (tmp_path / "metrics.jsonl").exists()

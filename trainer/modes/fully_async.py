@@ -177,7 +177,12 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
     required, max_required = _groups_needed(cfg)
     M = a.rollout_gpus
     shares = replica_shares(max_required, M)
-    per_call = a.rollout_groups_per_call or -(-required // M)
+    per_call = min(a.rollout_groups_per_call or -(-required // M), min(shares))  # the default fits the smallest share
+    if a.rollout_groups_per_call is not None and a.rollout_groups_per_call > min(shares):
+        raise ConfigError(f"async.rollout_groups_per_call={a.rollout_groups_per_call}: more prompts per call than a "
+                          f"rollout replica may start per weight version ({min(shares)} of the staleness cap "
+                          f"{max_required} over {M} replicas), so it could never sample (fix: set it to at most "
+                          f"{min(shares)}, or leave it unset)")
     use_gpu = uses_gpu(cfg)
     out_dir = Path(cfg.trainer.out_dir)
     writer = MetricsWriter(out_dir / "metrics.jsonl")
