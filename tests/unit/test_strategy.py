@@ -63,12 +63,44 @@ def test_model_type_forms(tmp_path):
     assert importlib.util.find_spec("trainer.backends.megatron") is not None
 
 
-@pytest.mark.skipif(not HAS_MEGATRON, reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
-def test_megatron_unsupported_settings_stop_at_start(tmp_path):
-    base = {"strategy": "megatron"}
-    for extra, match in (({"moe_aux_loss_coeff": 0.01}, r"actor.moe_aux_loss_coeff=0.01: .*fix: set it to 0"),
-                         ({"megatron": {"pipeline_model_parallel_size": 2}}, r"pipeline_model_parallel_size=2"),
-                         ({"use_kl_loss": True}, r"actor.use_kl_loss: the reference policy")):
-        with pytest.raises(ConfigError, match=match):
-            check_strategy(_cfg(tmp_path, **base, **extra))
-    check_strategy(_cfg(tmp_path, **base))  # the single-process colocated run is accepted
+NEEDS_MEGATRON = pytest.mark.skipif(not HAS_MEGATRON, reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
+RAY2 = {"use_ray": True, "n_gpus_per_node": 2}
+
+
+def _meg(tmp_path: Path, *, model: str = "tiny:qwen3", trainer: dict | None = None, **actor):
+    sections = {"model": {"path": model}, "actor": {"strategy": "megatron", **actor}, "trainer": trainer or {}}
+    return load_config(tiny_config(str(tmp_path / "run"), **sections))
+
+
+@NEEDS_MEGATRON
+@pytest.mark.parametrize(("kw", "match"), [
+    ({"moe_aux_loss_coeff": 0.01, "model": "tiny:qwen3_moe"}, r"^actor\.moe_aux_loss_coeff=0\.01: .*fix: set it to 0"),
+    ({"megatron": {"pipeline_model_parallel_size": 2}}, r"^actor\.megatron\.pipeline_model_parallel_size=2: pipeline"),
+    ({"megatron": {"sequence_parallel": True}, "trainer": RAY2},
+     r"^actor\.megatron\.sequence_parallel=true: sequence parallelism is not built"),
+    ({"use_kl_loss": True}, r"^actor\.use_kl_loss: the KL loss's reference policy is not built"),
+    ({"megatron": {"tensor_model_parallel_size": 2}}, (r"^actor\.megatron\.tensor_model_parallel_size=2 / .*the "
+                                                        r"single-process loop has one rank")),
+    ({"megatron": {"tensor_model_parallel_size": 2}, "trainer": {**RAY2, "n_gpus_per_node": 3}},
+     r"^actor\.megatron\.tensor_model_parallel_size=2: does not divide the 3 trainer ranks"),
+    ({"megatron": {"expert_model_parallel_size": 2}, "trainer": RAY2},
+     r"^actor\.megatron\.expert_model_parallel_size=2: .*dense 'qwen3' model"),
+    ({"megatron": {"tensor_model_parallel_size": 2}, "trainer": RAY2, "model": "tiny:qwen3_moe"},
+     r"^actor\.megatron\.tensor_model_parallel_size=2: an MoE model under tensor parallelism needs sequence"),
+    ({"megatron": {"tensor_model_parallel_size": 2}, "trainer": {"mode": "fully_async"}},
+     r"^actor\.megatron\.tensor_model_parallel_size=2: does not divide the 1 trainer ranks \(async\.train_gpus\)"),
+])
+def test_megatron_unbuilt_settings_stop_at_start(tmp_path, kw, match):
+    with pytest.raises(ConfigError, match=match) as e:
+        check_strategy(_meg(tmp_path, **kw))
+    assert "\n" not in str(e.value) and "(fix: " in str(e.value)
+
+
+@NEEDS_MEGATRON
+def test_megatron_layouts_that_run_are_accepted(tmp_path):
+    check_strategy(_meg(tmp_path))  # the single-process colocated loop
+    check_strategy(_meg(tmp_path, trainer=RAY2))  # colocated on Ray, DP=2
+    check_strategy(_meg(tmp_path, trainer=RAY2, megatron={"tensor_model_parallel_size": 2}))  # TP=2
+    check_strategy(_meg(tmp_path, trainer=RAY2, model="tiny:qwen3_moe", megatron={"expert_model_parallel_size": 2}))
+    cfg = _meg(tmp_path, trainer={"mode": "fully_async"}, megatron={"tensor_model_parallel_size": 2})
+    check_strategy(cfg.model_copy(update={"async_": cfg.async_.model_copy(update={"train_gpus": 2})}))

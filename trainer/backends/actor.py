@@ -274,6 +274,10 @@ class Actor:
         return out
 
     # ------------------------------------------------------------------ backend hooks (trainer/backends/megatron.py)
+    def data_parallel(self) -> tuple[int, int]:
+        """(rank, size) of this worker in the data-parallel group: which piece of each batch it trains on."""
+        return dp_world()
+
     def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
         """Sum of each named value over the data-parallel ranks."""
         return all_reduce_sum(values, self.device)
@@ -301,6 +305,13 @@ class Actor:
         return self.model.config
 
     # ------------------------------------------------------------------ checkpoint
+    def checkpoint_layout(self) -> str:
+        """How the Ray workers' checkpoint holds this policy (`trainer/distributed/actor_state.py`):
+        `plain` (one worker's state is all of it) or `fsdp_full` (FSDP2 shards gathered to full state)."""
+        from trainer.distributed.actor_state import layout_of
+
+        return layout_of(self.model)
+
     def state_dict(self) -> dict:
         """Model weights (the fp32 masters under `bf16_params`), optimizer and scheduler state."""
         model = self.master.master_state_dict() if self.master is not None else self.model.state_dict()

@@ -54,36 +54,65 @@ LOCAL_TO_TE = [
 DENSE_PRE_MLP = (re.compile(r"\.pre_mlp_layernorm\.weight$"), ".mlp.linear_fc1.layer_norm_weight")
 
 
-def check_megatron_supported(cfg: TrainerConfig) -> None:
-    """Raise ConfigError for `actor.strategy=megatron` settings this backend does not run."""
-    a, t = cfg.actor, cfg.trainer
-    if t.mode != "colocated" or t.use_ray or t.n_gpus_per_node * t.nnodes > 1:
-        raise ConfigError("actor.strategy=megatron: runs in the single-process colocated loop (one process, TP=EP=1) "
-                          "so far; the Ray and fully-async loops do not build it (fix: trainer.mode=colocated, "
-                          "trainer.use_ray=false and one device, or actor.strategy=fsdp2)")
+MOE_TYPES = ("mixtral", "deepseek_v3")  # and every model type with "moe" in its name
+
+
+def trainer_world(cfg: TrainerConfig) -> tuple[str, int]:
+    """(the loop, its number of trainer ranks): the single-process loop has one; the colocated Ray loop
+    `trainer.n_gpus_per_node * nnodes`; the fully-async loop `async.train_gpus`."""
+    t = cfg.trainer
+    if t.mode == "fully_async":
+        return "fully_async", cfg.async_.train_gpus
+    if t.use_ray or t.n_gpus_per_node * t.nnodes > 1:
+        return "colocated_ray", t.n_gpus_per_node * t.nnodes
+    return "colocated", 1
+
+
+def check_megatron_supported(cfg: TrainerConfig, model_type: str = "") -> None:
+    """Raise ConfigError for `actor.strategy=megatron` settings this backend does not run (one line each)."""
+    a = cfg.actor
     m = a.megatron
+    loop, world = trainer_world(cfg)
+    tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
+    is_moe = "moe" in model_type or model_type in MOE_TYPES
     if m.pipeline_model_parallel_size != 1:
         raise ConfigError(f"actor.megatron.pipeline_model_parallel_size={m.pipeline_model_parallel_size}: pipeline "
                           f"parallelism is not built (fix: set it to 1)")
-    if m.tensor_model_parallel_size * m.expert_model_parallel_size != 1:
-        raise ConfigError("actor.megatron.tensor_model_parallel_size / expert_model_parallel_size: > 1 needs several "
-                          "ranks, and the loops run the Megatron backend in one process (fix: set both to 1)")
     if m.sequence_parallel:
-        raise ConfigError("actor.megatron.sequence_parallel=true: needs tensor_model_parallel_size > 1 (fix: false)")
+        raise ConfigError("actor.megatron.sequence_parallel=true: sequence parallelism is not built (fix: set it false)")
+    if loop == "colocated" and tp * ep > 1:
+        raise ConfigError(f"actor.megatron.tensor_model_parallel_size={tp} / expert_model_parallel_size={ep}: the "
+                          f"single-process loop has one rank (fix: trainer.use_ray=true with trainer.n_gpus_per_node "
+                          f"workers, or set both to 1)")
+    for field, size in (("tensor_model_parallel_size", tp), ("expert_model_parallel_size", ep)):
+        if world % size:
+            where = "async.train_gpus" if loop == "fully_async" else "trainer.n_gpus_per_node * trainer.nnodes"
+            raise ConfigError(f"actor.megatron.{field}={size}: does not divide the {world} trainer ranks "
+                              f"({where}) (fix: a divisor of {world})")
+    if ep > 1 and model_type and not is_moe:
+        raise ConfigError(f"actor.megatron.expert_model_parallel_size={ep}: model.path={cfg.model.path} is a dense "
+                          f"'{model_type}' model, it has no experts (fix: set it to 1, or train an MoE model)")
+    if tp > 1 and is_moe:  # megatron-core trains MoE under TP only with sequence parallelism
+        raise ConfigError(f"actor.megatron.tensor_model_parallel_size={tp}: an MoE model under tensor parallelism "
+                          f"needs sequence parallelism, which is not built (fix: set it to 1 and use "
+                          f"actor.megatron.expert_model_parallel_size)")
     for field in ("mixed_precision", "compile"):
         if getattr(a, field) not in ("none", False):
             raise ConfigError(f"actor.{field}={getattr(a, field)}: not supported by actor.strategy=megatron "
                               f"(fix: remove it, or use actor.strategy=fsdp2)")
-    if a.use_kl_loss or cfg.critic.enable:
-        raise ConfigError(f"{'actor.use_kl_loss' if a.use_kl_loss else 'critic.enable'}: the reference policy and the "
-                          f"critic are not built for actor.strategy=megatron (fix: turn it off, or actor.strategy=fsdp2)")
+    if a.use_kl_loss:
+        raise ConfigError("actor.use_kl_loss: the KL loss's reference policy is not built for actor.strategy=megatron "
+                          "(fix: turn it off, or actor.strategy=fsdp2)")
+    if cfg.critic.enable:
+        raise ConfigError("critic.enable: the critic is not built for actor.strategy=megatron (fix: turn it off, or "
+                          "actor.strategy=fsdp2)")
     if a.moe_aux_loss_coeff > 0:
         raise ConfigError(f"actor.moe_aux_loss_coeff={a.moe_aux_loss_coeff}: megatron's load-balancing loss is not "
                           f"scaled to this trainer's loss normalization yet, and actor/moe/* metrics come from the "
                           f"FSDP2 path only (fix: set it to 0 with actor.strategy=megatron, or use actor.strategy=fsdp2)")
     if cfg.rollout.engine not in ("hf", "static"):
-        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: actor.strategy=megatron syncs weights into the "
-                          f"in-process engines only (fix: rollout.engine=hf, or actor.strategy=fsdp2)")
+        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: actor.strategy=megatron's weight export has run into "
+                          f"the hf and static engines only (fix: rollout.engine=hf, or actor.strategy=fsdp2)")
     if cfg.model.gradient_checkpointing:
         raise ConfigError("model.gradient_checkpointing: not wired for actor.strategy=megatron (fix: set it false)")
 
@@ -355,6 +384,7 @@ class MegatronActor(Actor):
         self.master = None
         self.compile_backend = None
         self.router = None  # router statistics: megatron's own (config.moe_aux_loss_coeff) where on
+        self.hf_order: list[str] | None = None  # the HF model's parameter names, in order (from_hf)
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                            betas=cfg.betas, weight_decay=cfg.weight_decay,
                                            fused=(device.type == "cuda") or None)
@@ -373,8 +403,10 @@ class MegatronActor(Actor):
         bridge = build_bridge(hf_model.config, dtype=dtype, moe_aux_loss_coeff=cfg.moe_aux_loss_coeff)
         model = build_gpt_model(bridge).to(device=device, dtype=dtype)
         load_hf_weights(model, bridge, hf_checkpoint_tensors(hf_model))
-        return cls(model, bridge, hf_model.config, cfg, temperature=temperature,
-                   max_response_length=max_response_length, device=device)
+        actor = cls(model, bridge, hf_model.config, cfg, temperature=temperature,
+                    max_response_length=max_response_length, device=device)
+        actor.hf_order = [name for name, _ in hf_model.named_parameters()]
+        return actor
 
     # ------------------------------------------------------------------ forward
     def _logprobs(self, micro: Batch, *, with_entropy: bool = False, model: torch.nn.Module | None = None
@@ -397,6 +429,11 @@ class MegatronActor(Actor):
         return logp, entropy
 
     # ------------------------------------------------------------------ reductions
+    def data_parallel(self) -> tuple[int, int]:
+        from megatron.core import parallel_state as ps
+
+        return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+
     def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
         from megatron.core import parallel_state as ps
 
@@ -447,7 +484,24 @@ class MegatronActor(Actor):
 
     # ------------------------------------------------------------------ weights, checkpoint, MFU
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from export_hf_weights(self.gpt, self.bridge)
+        """Full weights by HF name (a collective: every rank gathers the TP / EP shards), in the HF
+        model's `named_parameters()` order, the order the fully-async weight broadcast sends in."""
+        weights = dict(export_hf_weights(self.gpt, self.bridge))
+        if self.hf_order is None:
+            yield from sorted(weights.items())
+            return
+        if set(weights) != set(self.hf_order):
+            odd = sorted(set(weights) ^ set(self.hf_order))
+            raise RuntimeError(f"megatron weight export: HF names differ from the model's ({odd[:3]} ...)")
+        for name in self.hf_order:
+            yield name, weights[name]
 
     def flops_config(self) -> Any:
         return self.hf_config
+
+    def checkpoint_layout(self) -> str:
+        """`megatron_tp<T>_ep<E>_world<N>`: one state per rank, each its own shards (actor_state.py)."""
+        from megatron.core import parallel_state as ps
+
+        return (f"megatron_tp{ps.get_tensor_model_parallel_world_size()}_ep{ps.get_expert_model_parallel_world_size()}"
+                f"_world{dist.get_world_size()}")

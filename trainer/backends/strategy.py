@@ -83,4 +83,4 @@ def check_strategy(cfg: TrainerConfig) -> None:
                           f"actor.strategy=fsdp2)")
     from trainer.backends.megatron import check_megatron_supported
 
-    check_megatron_supported(cfg)
+    check_megatron_supported(cfg, mtype)

@@ -16,6 +16,13 @@ while saving (about 12 bytes per parameter in fp32 with AdamW: 1.6 GB for SmolLM
 One worker (no FSDP2) uses `Actor.state_dict()` as is (the fp32 masters under `bf16_params`); its
 optimizer state is keyed by parameter index, the sharded one by parameter name, so a checkpoint
 records its `layout` and a run with the other layout refuses it with a ConfigError.
+
+The Megatron backend (`actor.strategy: megatron`, layout `megatron_tp<T>_ep<E>_world<N>`): every
+rank's own `MegatronActor.state_dict()` (its TP / EP shards of the weights, its AdamW state) is
+gathered to rank 0 (`gather_object`) and written as one list in the same file; on load rank 0 reads
+it and each rank gets its own entry back (`scatter_object_list`). The file is tied to the parallel
+layout (a run with other TP / EP / worker counts refuses it), and rank 0 holds every rank's state
+while saving, data-parallel replicas included.
 The critic's file (`trainer/distributed/critic_state.py`) uses the same gather/scatter helpers.
 
 On multi-node runs the checkpoint folder (`trainer.out_dir`) must be a filesystem that both the
@@ -28,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainer.backends.actor import Actor
 from trainer.errors import ConfigError
@@ -36,6 +44,7 @@ ACTOR_FILE = "actor.pt"
 
 
 def layout_of(model: torch.nn.Module) -> str:
+    """`fsdp_full` for an FSDP2-sharded model, else `plain` (`Actor.checkpoint_layout` for a policy)."""
     from trainer.backends.fsdp import is_sharded
 
     return "fsdp_full" if is_sharded(model) else "plain"
@@ -72,16 +81,20 @@ def read_state(path: Path, layout: str, what: str) -> dict[str, Any]:
     state = torch.load(path, map_location="cpu", weights_only=False)
     if state["layout"] != layout:
         raise ConfigError(f"{path}: written by a run whose {what} layout is {state['layout']}, this run's is "
-                          f"{layout} (fix: resume with the same trainer worker count, 1 vs several, or set "
-                          f"trainer.resume=false)")
+                          f"{layout} (fix: resume with the same trainer worker count, 1 vs several, actor.strategy and "
+                          f"actor.megatron sizes, or set trainer.resume=false)")
     return state
 
 
 def save_actor_state(actor: Actor, path: Path, rank: int) -> None:
     """Gather the full training state to rank 0 and write it to `path` (a collective when sharded)."""
-    layout = layout_of(actor.model)
-    if layout == "plain":
-        state: dict[str, Any] = actor.state_dict()
+    layout = actor.checkpoint_layout()
+    if layout.startswith("megatron"):  # one state per rank (module docstring)
+        ranks: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(actor.state_dict(), ranks, dst=0)
+        state: dict[str, Any] = {"ranks": ranks}
+    elif layout == "plain":
+        state = actor.state_dict()
     else:
         state = {**gather_full_state(actor.model, actor.optimizer), "scheduler": actor.scheduler.state_dict()}
     if rank == 0:
@@ -90,10 +103,15 @@ def save_actor_state(actor: Actor, path: Path, rank: int) -> None:
 
 def load_actor_state(actor: Actor, path: Path, rank: int) -> None:
     """Restore what `save_actor_state` wrote (a collective when sharded: rank 0 reads and broadcasts)."""
-    layout = layout_of(actor.model)
+    layout = actor.checkpoint_layout()
     state: dict[str, Any] = {}
     if rank == 0 or layout == "plain":
         state = read_state(path, layout, "policy")
+    if layout.startswith("megatron"):
+        mine: list[Any] = [None]
+        dist.scatter_object_list(mine, state.get("ranks"), src=0)
+        actor.load_state_dict(mine[0])
+        return
     if layout == "plain":
         actor.load_state_dict(state)
         return

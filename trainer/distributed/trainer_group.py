@@ -59,31 +59,42 @@ class TrainerGroup:
         addr, port = get(self.workers[0].address.remote(), what="trainer worker 0", context="at start")
         self.facts = get([w.setup.remote(addr, port) for w in self.workers], what="a trainer worker",
                          context="while loading the model")
+        # data-parallel layout: worker r trains on piece dp_rank[r] of each mini-batch (FSDP2: piece r of N;
+        # Megatron: the ranks of one tensor-parallel group share a piece, trainer/distributed/worker_actor.py)
+        self.dp = int(self.facts[0]["dp_size"])
+        self.dp_rank = [int(f["dp_rank"]) for f in self.facts]
 
     def check_batch(self, num_prompts: int) -> None:
-        check_divisible(num_prompts, self.cfg.rollout.n, self.cfg.actor.ppo_mini_batch_size, self.world)
+        check_divisible(num_prompts, self.cfg.rollout.n, self.cfg.actor.ppo_mini_batch_size, self.dp)
+
+    def _pieces(self, batch: Batch) -> list[Batch]:
+        """Each worker's rows of `batch` (its data-parallel piece of every mini-batch)."""
+        mini_rows = self.cfg.actor.ppo_mini_batch_size * self.cfg.rollout.n
+        pieces = shard_batch(batch, world_size=self.dp, mini_batch_rows=mini_rows)
+        return [pieces[d] for d in self.dp_rank]
+
+    def _unshard(self, per_worker: list[torch.Tensor]) -> torch.Tensor:
+        """Per-worker row tensors back in global order (one worker of each data-parallel rank)."""
+        mini_rows = self.cfg.actor.ppo_mini_batch_size * self.cfg.rollout.n
+        firsts = [per_worker[self.dp_rank.index(d)] for d in range(self.dp)]
+        return unshard_rows(firsts, world_size=self.dp, mini_batch_rows=mini_rows)
 
     def compute_values(self, batch: Batch, *, context: str = "") -> dict[str, float]:
         """The critic's values of the whole batch (`batch.values`, [N, R]), each worker on its shard;
         returns `timing_s/values` (the slowest worker)."""
-        mini_rows = self.cfg.actor.ppo_mini_batch_size * self.cfg.rollout.n
-        pieces = shard_batch(batch, world_size=self.world, mini_batch_rows=mini_rows)
-        outs = get([w.compute_values.remote(p) for w, p in zip(self.workers, pieces)],
+        outs = get([w.compute_values.remote(p) for w, p in zip(self.workers, self._pieces(batch))],
                    what="a trainer worker", context=context)
-        batch.values = unshard_rows([o["values"] for o in outs], world_size=self.world, mini_batch_rows=mini_rows)
+        batch.values = self._unshard([o["values"] for o in outs])
         return {"timing_s/values": max(o["timing_s/values"] for o in outs)}
 
     def train(self, batch: Batch, *, context: str = "") -> dict[str, Any]:
         """Shard `batch`, run the critic's (PPO) and the policy's update on every worker; rank 0's metrics
         (summed over the ranks inside the updates, so global), global old log-probs."""
         n = self.cfg.rollout.n
-        mini_rows = self.cfg.actor.ppo_mini_batch_size * n
-        pieces = shard_batch(batch, world_size=self.world, mini_batch_rows=mini_rows)
         need_old = self.cfg.actor.tis_cap is not None
-        outs = get([w.train.remote(p, n, need_old) for w, p in zip(self.workers, pieces)],
+        outs = get([w.train.remote(p, n, need_old) for w, p in zip(self.workers, self._pieces(batch))],
                    what="a trainer worker", context=context)
-        old = unshard_rows([o["old_logprobs"] for o in outs], world_size=self.world, mini_batch_rows=mini_rows)
-        batch.old_logprobs = old
+        batch.old_logprobs = self._unshard([o["old_logprobs"] for o in outs])
         metrics = dict(outs[0]["metrics"])
         metrics["timing_s/old_log_prob"] = max(o["timing_s/old_log_prob"] for o in outs)
         metrics["timing_s/update_actor"] = max(o["timing_s/update_actor"] for o in outs)

@@ -36,7 +36,6 @@ from typing import Any
 
 import torch
 
-from trainer.backends.actor import Actor
 from trainer.batch import Batch
 from trainer.config import TrainerConfig
 from trainer.distributed.critic_state import (
@@ -47,7 +46,7 @@ from trainer.distributed.critic_state import (
     load_critic_state,
     save_critic_state,
 )
-from trainer.distributed.sharding import worker_actor_config
+from trainer.distributed.worker_actor import build_worker_actor
 from trainer.errors import ConfigError
 
 # Engines a Ray worker can hold. All of them interrupt and continue a generation (fully-async
@@ -120,16 +119,13 @@ class TrainerWorker:
         self.ref = copy.deepcopy(model).requires_grad_(False) if cfg.actor.use_kl_loss else None
         # PPO's value model: a copy of the initial policy's body, sharded like the policy (critic_state.py)
         self.critic = build_worker_critic(model, cfg, self.world_size, self.device) if cfg.critic.enable else None
-        if self.world_size > 1:
-            model = shard_model(model, self.device)
-            self.ref = shard_model(self.ref, self.device) if self.ref is not None else None
-        else:
-            model.to(self.device)
-            self.ref = self.ref.to(self.device) if self.ref is not None else None
-        self.actor = Actor(model, worker_actor_config(cfg.actor, self.world_size), temperature=cfg.rollout.temperature,
-                           max_response_length=cfg.data.max_response_length, device=self.device)
+        if self.ref is not None:
+            self.ref = shard_model(self.ref, self.device) if self.world_size > 1 else self.ref.to(self.device)
+        # the policy: FSDP2 over all workers, or megatron-core's TP / EP / DP groups (worker_actor.py)
+        self.actor = build_worker_actor(model, cfg, self.world_size, self.device)
+        dp_rank, dp_size = self.actor.data_parallel()
         return {"rank": self.rank, "device": str(self.device), "load_s": time.perf_counter() - t0,
-                "pid": os.getpid()}
+                "pid": os.getpid(), "dp_rank": dp_rank, "dp_size": dp_size}
 
     # ------------------------------------------------------------------ colocated rollout
     def generate(self, items: list[dict[str, Any]], validation: bool = False) -> Batch:
