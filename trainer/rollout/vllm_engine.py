@@ -39,6 +39,21 @@ The calls it makes:
   offloads the weights and drops the KV cache. On CPU vLLM's worker frees nothing (it logs "sleep
   mode is not supported on CPU"): the scheduler pauses and the prefix cache is reset, no more.
 
+Images (a vision-language policy, `trainer/models_vlm.py`): `generate(prompts, params,
+multi_modal_inputs=..., images=[[PIL image, ...] per prompt])`. Each request is
+`TokensPrompt(**vllm_prompt(prompt_ids, images, image_token_id))`
+(`trainer/rollout/multimodal_prompts.py`): one `<|image_pad|>` per image and the images in
+`multi_modal_data`, since vLLM runs the model's image processor (the folder's
+`preprocessor_config.json`, which `model_dir_for_engine` writes for a `tiny:` VLM) and expands
+the placeholders itself. The first output of each image request is checked against the trainer's
+expanded prompt (`check_expansion`): equal ids mean both sides saw the same image grid. Weight
+updates send what `actor.named_weights()` yields: without the vision tower when
+`actor.freeze_vision_tower` (vLLM's copy keeps the initial tower, which is the trainer's); after
+each one `llm_engine.reset_encoder_cache()` drops the image features vLLM cached (computed with
+the old tower; left in place, the scheduler and the worker also disagree on what is cached and
+the next image request fails with "Encoder cache miss").
+`continue_generation` takes no images (a partial rollout of an image prompt is refused at start).
+
 Log-probabilities: with `logprobs_mode="processed_logprobs"` vLLM reports the sampled token's
 log-prob after temperature scaling and after the top-k/top-p mask. With top_k=-1 and top_p=1 (the
 defaults) that is the trainer's `log_softmax(logits / T)` (measured in fp32 on CPU: within 1e-4 at
@@ -64,7 +79,7 @@ import torch
 
 from trainer.errors import ConfigError, RLBenchError
 from trainer.models import resolve_dtype
-from trainer.rollout.base import InterruptibleEngine, SamplingParams
+from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
 
 SUPPORTED_SERIES = "0.32"  # the vLLM release series this adapter is written against (pyproject extras)
 WORKER_EXTENSION = "trainer.rollout.vllm_worker.RLBenchWorkerExtension"
@@ -129,12 +144,13 @@ def engine_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: tor
 
 
 def model_dir_for_engine(model_path: str, load_format: str, model: torch.nn.Module, tokenizer: Any,
-                         out_root: Path | None = None) -> str:
+                         out_root: Path | None = None, image_processor: Any = None) -> str:
     """A HF folder the engine can load: `model.path` itself when it is one, else a saved copy of `model`.
 
     `tiny:`, `embedded:` and `.gguf` models (and `load_format=dummy`) have no HF folder the engines
-    can read, so the trainer's in-memory model and tokenizer are saved with `save_pretrained` into
-    a temporary folder, removed when this process exits.
+    can read, so the trainer's in-memory model and tokenizer (and a vision-language model's
+    `image_processor`: its `preprocessor_config.json`) are saved with `save_pretrained` into a
+    temporary folder, removed when this process exits.
     """
     p = Path(model_path)
     if load_format == "auto" and p.is_dir() and (p / "config.json").is_file():
@@ -143,6 +159,8 @@ def model_dir_for_engine(model_path: str, load_format: str, model: torch.nn.Modu
     atexit.register(shutil.rmtree, out, ignore_errors=True)
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)
+    if image_processor is not None:
+        image_processor.save_pretrained(out)
     return str(out)
 
 
@@ -202,9 +220,14 @@ class _Rows:
         self.logps: list[list[float]] = [[] for _ in request_ids]
         self.finish: list[str | None] = [None] * len(request_ids)
 
-    def add(self, out: Any) -> None:
-        """One `RequestOutput` (DELTA kind: only the tokens new since the last step)."""
+    def add(self, out: Any, expanded: dict[str, list[int]] | None = None) -> None:
+        """One `RequestOutput` (DELTA kind: only the tokens new since the last step). `expanded`: the
+        trainer's expanded ids of the image requests not checked yet (checked, then dropped, here)."""
         row = self.index[out.request_id]
+        if expanded and out.request_id in expanded and getattr(out, "prompt_token_ids", None) is not None:
+            from trainer.rollout.multimodal_prompts import check_expansion
+
+            check_expansion(expanded.pop(out.request_id), out.prompt_token_ids)
         for c in out.outputs:
             ids = list(c.token_ids)
             if ids and (c.logprobs is None or len(c.logprobs) != len(ids)):
@@ -232,8 +255,11 @@ class VLLMRolloutEngine(InterruptibleEngine):
     def __init__(self, llm: Any, *, eos_token_ids: list[int], weight_specs: list[tuple[str, tuple[int, ...], torch.dtype]],
                  dtype: torch.dtype | None = None, seed: int = 0, in_process: bool = False,
                  device: torch.device | None = None, tokens_prompt: Any = None, sampling_params_cls: Any = None,
-                 delta_kind: Any = None, dead_errors: tuple[type[BaseException], ...] = ()):
+                 delta_kind: Any = None, dead_errors: tuple[type[BaseException], ...] = (),
+                 image_token_id: int | None = None):
         self.llm = llm
+        self.image_token_id = image_token_id  # a vision-language model's <|image_pad|> id; None: text-only
+        self.takes_images = image_token_id is not None  # `trainer.steps.generate` then passes the decoded images
         self.eos_token_ids = list(eos_token_ids)
         self.weight_specs = list(weight_specs)
         self.dtype = dtype
@@ -259,9 +285,40 @@ class VLLMRolloutEngine(InterruptibleEngine):
                                f"({type(err).__name__}: {msg}) (fix: the engine's own log above has the cause; "
                                f"the steps completed so far are kept, rerun the command to resume from the last checkpoint)")
 
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 should_stop: Callable[[], bool] | None = None,
+                 multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None = None,
+                 images: list[list[Any] | None] | None = None) -> Rollout:
+        """`InterruptibleEngine.generate`, plus each prompt's decoded `images` for a vision-language
+        policy (`multi_modal_inputs`, the trainer's processed pixels, are not used: vLLM processes
+        the images itself, and `check_expansion` holds the two to the same grid)."""
+        if images is None and multi_modal_inputs is None:
+            return super().generate(prompts, params, should_stop=should_stop)
+        if self.image_token_id is None:
+            raise ValueError("vllm engine: prompts carry images but the engine's model is text-only")
+        if images is None:
+            raise ValueError("vllm engine: image prompts need their decoded images (images=...), which vLLM's "
+                             "own image processor reads")
+        n = params.n
+        rows = [list(p) for p in prompts for _ in range(n)]
+        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop,
+                                                 images=[imgs for imgs in images for _ in range(n)])
+        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
+                       token_versions=[[self.version] * len(t) for t in tokens])
+
+    def _prompt(self, row: list[int], images: list[Any] | None) -> Any:
+        if not images:
+            return self._tokens_prompt(prompt_token_ids=list(row))
+        from trainer.rollout.multimodal_prompts import vllm_prompt
+
+        return self._tokens_prompt(**vllm_prompt(row, images, self.image_token_id))
+
     def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
-                    should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+                    should_stop: Callable[[], bool] | None = None, images: list[list[Any] | None] | None = None
+                    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Continue each token row by at most `budgets[i]` tokens (one request each, `params.n` ignored).
+        `images[i]`: row i's images (its prompt is collapsed to one placeholder per image).
 
         Returns per row the new tokens, their log-probs and a finish reason ("stop", "length", or
         "abort" when `should_stop()` returned True before the row finished)."""
@@ -276,14 +333,15 @@ class VLLMRolloutEngine(InterruptibleEngine):
         self._calls += 1
         request_ids = [f"rlbench-{self._calls}-{i}" for i in range(len(rows))]
         acc = _Rows(request_ids)
+        images = images or [None] * len(rows)
+        expanded = {rid: list(row) for rid, row, imgs in zip(request_ids, rows, images) if imgs}  # checked on output
         try:
-            for rid, row, budget in zip(request_ids, rows, budgets):
+            for rid, row, budget, imgs in zip(request_ids, rows, budgets, images):
                 kwargs = vllm_sampling_kwargs(params, self.eos_token_ids, budget)
                 kwargs["seed"] = self._seed()
                 if self._delta_kind is not None:
                     kwargs["output_kind"] = self._delta_kind
-                engine.add_request(rid, self._tokens_prompt(prompt_token_ids=list(row)),
-                                   self._sampling_params_cls(**kwargs))
+                engine.add_request(rid, self._prompt(row, imgs), self._sampling_params_cls(**kwargs))
             while engine.has_unfinished_requests():
                 if should_stop is not None and should_stop():
                     left = acc.unfinished()
@@ -292,12 +350,19 @@ class VLLMRolloutEngine(InterruptibleEngine):
                         acc.finish[acc.index[rid]] = "abort"
                     break
                 for out in engine.step():
-                    acc.add(out)
+                    acc.add(out, expanded)
         except self._dead_errors as e:
             raise self._died("generate", e) from e
+        except ValueError:  # a bad output (e.g. an image expansion check): the call's other requests go too
+            engine.abort_request(acc.unfinished())
+            raise
         missing = acc.unfinished()
         if missing:
             raise ValueError(f"vllm: {len(missing)} requests ended without a finish reason (first: {missing[0]})")
+        unchecked = [rid for rid in expanded if acc.finish[acc.index[rid]] != "abort"]
+        if unchecked:
+            raise ValueError(f"vllm: {len(unchecked)} image request(s) came back without their prompt ids, so the "
+                             f"image expansion could not be checked (first: {unchecked[0]})")
         return acc.tokens, acc.logps, [str(f) for f in acc.finish]
 
     # ------------------------------------------------------------------ weights
@@ -320,6 +385,8 @@ class VLLMRolloutEngine(InterruptibleEngine):
         try:
             self.llm.collective_rpc("rlbench_load_weights", args=(names, payloads))
             self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            if self.image_token_id is not None:  # and cached image features with the old tower (both sides' caches)
+                self.llm.llm_engine.reset_encoder_cache()
         except self._dead_errors as e:
             raise self._died("a weight update", e) from e
         self.version += 1
@@ -392,7 +459,11 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
                               f"to at most 2, or use rollout.engine=hf)")
     dtype = resolve_dtype(cfg.model.dtype)
     specs = [(hf_weight_name(n), tuple(p.shape), dtype or p.dtype) for n, p in model.named_parameters()]
-    model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer)
+    from trainer.models_vlm import is_vlm, load_vision_processor
+
+    vision = load_vision_processor(cfg.model.path, tokenizer, model) if is_vlm(model) else None
+    model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer,
+                                     image_processor=vision.image_processor if vision is not None else None)
     in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1").strip() == "0"
     dist = torch.distributed
     if in_process and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -413,4 +484,5 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
     return VLLMRolloutEngine(llm, eos_token_ids=eos_ids, weight_specs=specs, dtype=dtype, seed=cfg.trainer.seed,
                              in_process=in_process, device=device, tokens_prompt=TokensPrompt,
                              sampling_params_cls=vllm.SamplingParams, delta_kind=RequestOutputKind.DELTA,
-                             dead_errors=(EngineDeadError, EngineGenerateError))
+                             dead_errors=(EngineDeadError, EngineGenerateError),
+                             image_token_id=vision.image_token_id if vision is not None else None)

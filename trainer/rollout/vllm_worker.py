@@ -16,7 +16,9 @@ a packed copy (the CPU backend's oneDNN linear layers) are rebuilt. A direct
 One exception, on the CPU backend only: with tied embeddings the LM head shares its weight with
 the embedding, and the reload re-processes only one of the two parents (vLLM's
 `model_loader/reload` documents this), so the LM head's packed GEMM handle keeps the old
-weights. `rlbench_load_weights` re-dispatches it after every load.
+weights. `rlbench_load_weights` re-dispatches it after every load (the head is
+`model.language_model.lm_head` in vLLM's Qwen2-VL / Qwen2.5-VL). A partial load (a frozen
+vision tower left out) is vLLM's too: layers that get no tensors keep their kernel tensors.
 """
 
 from __future__ import annotations
@@ -30,6 +32,12 @@ def _tied(model: Any) -> bool:
     cfg = getattr(model, "config", None)
     text = getattr(cfg, "get_text_config", lambda: cfg)() if cfg is not None else None
     return bool(getattr(text, "tie_word_embeddings", False))
+
+
+def _lm_head(model: Any) -> Any:
+    """The LM head: on the model (text models) or on its `language_model` (vLLM's Qwen2-VL family)."""
+    head = getattr(model, "lm_head", None)
+    return head if head is not None else getattr(getattr(model, "language_model", None), "lm_head", None)
 
 
 def encode_tensor(t: torch.Tensor) -> list[Any]:
@@ -61,10 +69,11 @@ class RLBenchWorkerExtension:
         self.model_runner.reload_weights(weights_iterator=iter(pairs),  # type: ignore[attr-defined]
                                          is_checkpoint_format=True)
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
-        if self.device.type == "cpu" and _tied(model) and hasattr(model, "lm_head"):  # type: ignore[attr-defined]
+        head = _lm_head(model)
+        if self.device.type == "cpu" and _tied(model) and head is not None:  # type: ignore[attr-defined]
             from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
-            dispatch_cpu_unquantized_gemm(model.lm_head, remove_weight=False)
+            dispatch_cpu_unquantized_gemm(head, remove_weight=False)
         return len(names)
 
     def rlbench_model_facts(self) -> dict[str, Any]:
