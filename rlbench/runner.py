@@ -277,9 +277,11 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     `ran_modes`: when only some of the profile's modes were run on purpose (`--mode`), checks
     that read another mode are skipped instead of reported as errors. The rollout engine of each
     mode (for checks scoped to engines) is the profile's after `provenance["overrides"]` (the
-    runs' `--set`s).
+    runs' `--set`s), or for logs made elsewhere (`provenance["logs"]`) the `rollout.engine` of the
+    `config.yaml` the trainer wrote beside a log, where there is one.
     """
-    engines = profile_engines(suite, profile, provenance.get("overrides"))
+    engines = {**profile_engines(suite, profile, provenance.get("overrides")),
+               **logged_engines(provenance.get("logs") or {})}
     folder.mkdir(parents=True, exist_ok=True)
     results: list[CheckResult] = []
     seed_of: list[int] = []
@@ -318,6 +320,21 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     outcome.sections = sections
     status(f"{suite.id} [{profile}]: {outcome.verdict.upper()}: {counts_text(results)} -> {report}")
     return outcome
+
+
+def logged_engines(logs: dict[str, Any]) -> dict[str, str]:
+    """mode -> rollout.engine read from the trainer's `config.yaml` beside each log (modes without one: none)."""
+    out = {}
+    for mode, path in logs.items():
+        cfg_path = Path(str(path)).parent / "config.yaml"
+        try:
+            cfg = yaml.safe_load(cfg_path.read_text()) if cfg_path.is_file() else None
+        except (OSError, yaml.YAMLError):
+            continue
+        engine = ((cfg or {}).get("rollout") or {}).get("engine") if isinstance(cfg, dict) else None
+        if isinstance(engine, str):
+            out[mode] = engine
+    return out
 
 
 def _steps_set(provenance: dict[str, Any]) -> int | None:

@@ -264,3 +264,15 @@ def test_profile_engines_follow_the_overrides() -> None:
     assert profile_engines(dapo, "cpu") == {"fully_async": "hf"}
     assert profile_engines(dapo, "cpu", ["rollout.engine=vllm"]) == {"fully_async": "vllm"}
     assert profile_engines(dapo, "cpu-vllm") == {"colocated": "vllm", "fully_async": "vllm"}
+
+
+def test_logs_made_elsewhere_take_the_engine_of_the_config_beside_them(tmp_path: Path) -> None:
+    from rlbench.runner import logged_engines
+
+    for d, text in (("a", "rollout: {engine: vllm, n: 4}\n"), ("b", None), ("c", "rollout: [\n")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "metrics.jsonl").write_text("")
+        if text is not None:
+            (tmp_path / d / "config.yaml").write_text(text)
+    logs = {m: str(tmp_path / d / "metrics.jsonl") for m, d in (("colocated", "a"), ("fully_async", "b"), ("x", "c"))}
+    assert logged_engines(logs) == {"colocated": "vllm"}  # no config, or an unreadable one: the profile's engine
