@@ -95,3 +95,14 @@ def test_vision_language_models_are_refused(tmp_path, monkeypatch):
 
     with pytest.raises(ModelError, match=r"model.warm_start: tiny:qwen2.5-vl is a vision-language model"):
         load_model_and_tokenizer(ModelConfig(path="tiny:qwen2.5-vl", warm_start=WarmStartConfig(steps=1)))
+
+
+def test_tool_call_ratio_counts_trajectories_with_a_call():
+    from types import SimpleNamespace
+
+    from trainer.steps import turn_metrics
+
+    meta = {"num_turns": [2, 4, 4, 2], "tool_calls": [0, 1, 2, 0], "tool_errors": [0, 1, 0, 0],
+            "tool_s": [0.0] * 4, "tool_wall_s": [0.0] * 4}
+    m = turn_metrics(SimpleNamespace(meta=meta))
+    assert m["agent/tool_call_ratio"] == 0.5 and m["agent/tool_calls/mean"] == 0.75 and m["num_turns/mean"] == 3.0
