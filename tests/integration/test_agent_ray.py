@@ -2,10 +2,12 @@
 
     python3 -m pytest -q tests/integration/test_agent_ray.py
 
-A random-init tiny model rarely closes a well-formed tool call, so this checks the wiring (each
-worker's engine is the agent loop with its own sandbox, rank 0 records the layers in env.json, the
-driver logs the multi-turn metrics for the gathered batch); the loop itself, tool errors and
-`timing_s/tool` under hostile code are tested on a scripted engine in tests/unit/test_agent.py.
+A random-init tiny model rarely closes a well-formed tool call, so the first two check the wiring
+(each worker's engine is the agent loop with its own sandbox, rank 0 records the layers in
+env.json, the driver logs the multi-turn metrics for the gathered batch); the third runs the
+scripted-weights policy of tests/helpers/tool_policy.py, which calls the tool in every trajectory,
+through fully-async partial rollout. The loop itself, tool errors and `timing_s/tool` under
+hostile code are tested on scripted engines in tests/unit/test_agent.py and test_agent_partial.py.
 """
 
 from __future__ import annotations
