@@ -241,7 +241,8 @@ class TrainerSection(_Section):
 
 
 class AsyncConfig(_Section):
-    rollout_gpus: int = Field(1, ge=1, description="devices (or CPU workers) for the rollouter")
+    rollout_gpus: int = Field(1, ge=1, description=(
+        "rollout replicas (Ray workers of one device or CPU each, one engine each) feeding the one queue"))
     train_gpus: int = Field(1, ge=1, description="devices (or CPU workers) for the trainer")
     staleness_threshold: float = Field(0.5, ge=0, description="verl: fraction of a step's samples that may come from older policies")
     trigger_parameter_sync_step: int = Field(4, ge=1, description="trainer updates between weight syncs")
