@@ -213,17 +213,19 @@ def model_is_vlm(model_path: str) -> bool:
 def check_multimodal_support(cfg: Any) -> None:
     """ConfigError naming the first setting a vision-language run does not support yet.
 
-    Supported: the single-process colocated loop, the built-in hf engine, the FSDP2 actor without
-    compile, GRPO-style critic-free algorithms, single-turn prompts.
+    Supported: the colocated loop (in one process, or on Ray with one trainer worker) and the
+    fully-async loop (one trainer worker, rollout workers on their own devices, no partial
+    rollout: `continue_generation` takes no images); the built-in hf engine and vLLM; the FSDP2
+    actor without compile; GRPO-style critic-free algorithms; single-turn prompts.
     """
     if not model_is_vlm(cfg.model.path):
         return
     t = cfg.trainer
+    partial = t.mode == "fully_async" and cfg.async_.partial_rollout
     unsupported = [  # (field, its value, supported when, the fix)
-        ("trainer.mode", t.mode, t.mode == "colocated", "colocated"),
-        ("trainer.use_ray", t.use_ray, not t.use_ray, "false"),
         ("trainer.n_gpus_per_node", t.n_gpus_per_node, t.n_gpus_per_node * t.nnodes == 1, "1 and trainer.nnodes=1"),
-        ("rollout.engine", cfg.rollout.engine, cfg.rollout.engine == "hf", "hf"),
+        ("async.partial_rollout", cfg.async_.partial_rollout, not partial, "false"),
+        ("rollout.engine", cfg.rollout.engine, cfg.rollout.engine in ("hf", "vllm"), "hf"),
         ("actor.strategy", cfg.actor.strategy, cfg.actor.strategy == "fsdp2", "fsdp2"),
         ("actor.compile", cfg.actor.compile, not cfg.actor.compile, "false"),
         ("critic.enable", cfg.critic.enable, not cfg.critic.enable, "false"),

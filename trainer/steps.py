@@ -136,12 +136,14 @@ def generate(engine: RolloutEngine, items: list[dict[str, Any]], params: Samplin
     Multi-turn rollouts (the agent engine) also put each response's turn counts in meta
     (`num_turns`, `tool_calls`, `tool_errors`) and `num_turns` into its extra_info (the ReTool reward).
     Prompts with images pass their `multi_modal_inputs` to the engine and into meta (the trainer's
-    forward reads them there); `images` (the decoded figures) go to meta for validation samples.
+    forward reads them there); `images` (the decoded figures) go to meta for validation samples,
+    and to engines that process images themselves (`engine.takes_images`: vLLM).
     """
     prompts = [it["prompt_ids"] for it in items]
     if any("multi_modal_inputs" in it for it in items):
         mm = [it.get("multi_modal_inputs") for it in items]
-        rollout = engine.generate(prompts, params, multi_modal_inputs=mm)
+        images = {"images": [it.get("images") for it in items]} if getattr(engine, "takes_images", False) else {}
+        rollout = engine.generate(prompts, params, multi_modal_inputs=mm, **images)
     else:
         rollout = engine.generate(prompts, params)
     batch = batch_from_rollout(rollout, pad_token_id=pad_token_id, max_response_length=max_response_length)

@@ -129,8 +129,10 @@ def test_vision_tower_frozen_or_trained_and_synced_by_config(freeze):
 def test_unsupported_paths_are_one_line_errors():
     base = {"model": {"path": "tiny:qwen2.5-vl"}, "data": {"train_files": "synthetic:geometry-easy"}}
     check_multimodal_support(load_config(base))  # the colocated hf loop is supported
-    for override, field in [("rollout.engine=vllm", "rollout.engine"), ("trainer.mode=fully_async", "trainer.mode"),
-                            ("trainer.use_ray=true", "trainer.use_ray"), ("actor.compile=true", "actor.compile")]:
+    for ok in (["rollout.engine=vllm"], ["trainer.use_ray=true"], ["trainer.mode=fully_async", "async.partial_rollout=false"]):
+        check_multimodal_support(load_config(base, ok))
+    for override, field in [("rollout.engine=sglang", "rollout.engine"), ("trainer.mode=fully_async", "async.partial_rollout"),
+                            ("trainer.n_gpus_per_node=2", "trainer.n_gpus_per_node"), ("actor.compile=true", "actor.compile")]:
         with pytest.raises(ConfigError, match=f"^{field}=.*not supported with a vision-language model.path") as err:
             check_multimodal_support(load_config(base, [override]))
         assert "\n" not in str(err.value) and "fix: set " + field in str(err.value)

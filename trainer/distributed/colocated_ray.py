@@ -111,15 +111,20 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
     train_rows, val_rows = agent_rows(cfg.agent, *load_split(cfg.data))  # tool-use prompts when agent.enable
     tokenizer = load_tokenizer(cfg.model)
     pad = int(tokenizer.pad_token_id)
+    from trainer.models_vlm import load_vision_processor
+
+    processor = load_vision_processor(cfg.model.path, tokenizer)  # images ride in the items to the workers' engines
     train = PromptDataset(train_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                           batch_size=cfg.data.train_batch_size, seed=cfg.data.seed, shuffle=cfg.data.shuffle,
-                          filter_overlong_prompts=cfg.data.filter_overlong_prompts, source=cfg.data.train_files)
+                          filter_overlong_prompts=cfg.data.filter_overlong_prompts, source=cfg.data.train_files,
+                          processor=processor)
     val = None
     if val_rows:
         rows = val_rows[: cfg.data.num_val_samples] if cfg.data.num_val_samples is not None else val_rows
         val = PromptDataset(rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                             batch_size=cfg.data.val_batch_size or len(rows), seed=0, shuffle=False,
-                            filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files)
+                            filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files,
+                            processor=processor)
     init_ray(cfg, num_cpus=world + 1)
     group = None
     step = 0

@@ -47,6 +47,13 @@ as verl's single message queue. Every replica is a receiver of the same weight b
 1..M of the sync group), and after a sync `weight_fingerprint()` lets the driver check that they
 all hold the same weights.
 
+Images (a vision-language `model.path`): the prompt rows carry their pixel values and image
+grid (`multi_modal_inputs`) and decoded images; `image_inputs` hands them to `generate` as
+`trainer.steps.generate` does, and each scored group's batch carries `multi_modal_inputs` in its
+meta to the trainer worker's log-prob forward. With `actor.freeze_vision_tower` the weight plan
+leaves the tower out, as the trainer's `named_weights` does. No partial rollout with images
+(`trainer.models_vlm.check_multimodal_support`).
+
 Departures: `groups_per_call` prompts per generate call (verl streams single prompts to a server).
 """
 
@@ -120,17 +127,21 @@ class RolloutWorker:
             raise ConfigError(f"async.partial_rollout: rollout.engine={cfg.rollout.engine} cannot interrupt and continue "
                               f"a generation (fix: set async.partial_rollout=false, or rollout.engine=hf, static, vllm "
                               f"or sglang)")
+        from trainer.models_vlm import load_vision_processor
+
+        processor = load_vision_processor(cfg.model.path, self.tokenizer)  # None for a text-only model
         self.train_data = PromptDataset(train_rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                         batch_size=groups_per_call, seed=cfg.data.seed + replica,
                                         shuffle=cfg.data.shuffle,
                                         filter_overlong_prompts=cfg.data.filter_overlong_prompts,
-                                        source=cfg.data.train_files)
+                                        source=cfg.data.train_files, processor=processor)
         self.val_data = None
         if val_rows:
             rows = val_rows[: cfg.data.num_val_samples] if cfg.data.num_val_samples is not None else val_rows
             self.val_data = PromptDataset(rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
                                           batch_size=cfg.data.val_batch_size or len(rows), seed=0, shuffle=False,
-                                          filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files)
+                                          filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files,
+                                          processor=processor)
         self.max_required = max_required_groups
         self.groups_per_call = min(groups_per_call, max_required_groups)
         self.partial_rollout = cfg.async_.partial_rollout
@@ -160,7 +171,12 @@ class RolloutWorker:
         from trainer.distributed.weight_sync import engine_weight_plan
 
         plan = getattr(self.engine, "weight_plan", None)
-        return plan() if callable(plan) else engine_weight_plan(self.engine.model)
+        plan = plan() if callable(plan) else engine_weight_plan(self.engine.model)
+        if self.cfg.actor.freeze_vision_tower:  # the trainer sends no frozen tower (`Actor.named_weights`)
+            from trainer.models_vlm import VISION_PREFIX
+
+            plan = [s for s in plan if not s.name.startswith(VISION_PREFIX)]
+        return plan
 
     def init_sync_group(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
         from trainer.distributed.weight_sync import SyncGroup
@@ -351,8 +367,9 @@ class RolloutWorker:
                 g.finish, g.end_version = ["abort"] * n, [g.start_version] * n
             where = [(gi, j) for gi in range(len(groups)) for j in range(n)]
             prompts = [g.item["prompt_ids"] for g in groups]
-            out = self.engine.generate(prompts, params, should_stop=stop) if stop is not None \
-                else self.engine.generate(prompts, params)
+            kw = image_inputs(self.engine, [g.item for g in groups])  # {} for text prompts
+            out = self.engine.generate(prompts, params, should_stop=stop, **kw) if stop is not None \
+                else self.engine.generate(prompts, params, **kw)
         for row, (gi, j) in enumerate(where):
             g = groups[gi]
             self.num_generated_tokens += len(out.response_ids[row]) - len(g.ids[j])
@@ -385,6 +402,8 @@ class RolloutWorker:
         batch = batch_from_rollout(rollout, pad_token_id=self.tokenizer.pad_token_id,
                                    max_response_length=self.cfg.data.max_response_length)
         batch.meta = {k: [g.item[k]] * n for k in ("data_source", "ground_truth", "extra_info")}
+        if "multi_modal_inputs" in g.item:  # the trainer's forward reads the prompt's images there
+            batch.meta["multi_modal_inputs"] = [g.item["multi_modal_inputs"]] * n
         if g.turns:  # as trainer.steps.generate does: turn counts in meta, num_turns for the ReTool reward
             from trainer.agent.trajectory import TURN_KEYS
 
@@ -396,6 +415,17 @@ class RolloutWorker:
         batch.scores, acc = score(batch, self.tokenizer, self.cfg)
         batch.meta["acc"] = acc.tolist()
         return batch
+
+
+def image_inputs(engine: Any, items: list[dict[str, Any]]) -> dict[str, Any]:
+    """The image keyword arguments of `engine.generate` for prompt `items` ({} when none has images), as
+    `trainer.steps.generate` passes them: `multi_modal_inputs`, and the decoded `images` for vLLM."""
+    if not any("multi_modal_inputs" in it for it in items):
+        return {}
+    kw: dict[str, Any] = {"multi_modal_inputs": [it.get("multi_modal_inputs") for it in items]}
+    if getattr(engine, "takes_images", False):
+        kw["images"] = [it.get("images") for it in items]
+    return kw
 
 
 def merge_groups(groups: list[tuple[dict, Batch]], pad_token_id: int) -> Batch:

@@ -104,6 +104,10 @@ class TrainerWorker:
         torch.manual_seed(cfg.trainer.seed)
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
         self.eos_ids = eos_token_ids(self.tokenizer, model)
+        if cfg.actor.freeze_vision_tower:  # before the engine's copy and the optimizer, as in trainer.steps
+            from trainer.models_vlm import freeze_vision_tower
+
+            freeze_vision_tower(model)
         if cfg.model.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.engine = None
