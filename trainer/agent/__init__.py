@@ -4,7 +4,9 @@
     sandbox.py    the tool's sandbox: a warm zygote forking one confined process per call, its self-test
     zygote.py     the zygote and per-call supervisor (run as its own interpreter)
     confine.py    the confinement layers: rlimits, uid, Landlock, seccomp, cgroups
-    loop.py       AgentRolloutEngine: generate -> run tool -> append masked observation -> continue
+    loop.py       AgentRolloutEngine: generate -> run tool -> append masked observation -> continue, on any
+                  InterruptibleEngine; tool calls overlap decoding; interruptible and resumable (partial rollout)
+    trajectory.py one trajectory's tokens, mask, versions and turn counts; resuming one from its tokens
     prompts.py    the tool-format system prompt and row rewriting
 
 Enable with `agent.enable=true` (see `trainer.config.AgentConfig`).
