@@ -48,3 +48,26 @@ def test_two_rollout_replicas_feed_one_queue(tmp_path: Path, train_gpus: int):
     assert all(r["fully_async/partial/invalid_token_versions"] == 0 for r in rows)
     facts = json.loads((tmp_path / "engine.json").read_text())
     assert isinstance(facts, list) and len(facts) == 2 and all(f["engine"] == "hf" for f in facts)
+
+
+def test_two_replicas_resume_from_a_checkpoint_and_refuse_another_replica_count(tmp_path: Path):
+    import torch
+
+    from trainer.checkpoint import latest_checkpoint
+    from trainer.errors import ConfigError
+    from trainer.modes.fully_async import train_fully_async
+
+    first = read_metrics(train_fully_async(_cfg(tmp_path, "trainer.total_steps=2", "trainer.save_freq=2")))
+    state = torch.load(latest_checkpoint(tmp_path) / "state.pt", weights_only=False)
+    assert len(state["rollouters"]) == 2  # each replica's prompt position and sampling generator
+    assert state["rollouters"][0]["data"] != state["rollouters"][1]["data"]  # their own prompt shards
+    lines = read_metrics(train_fully_async(_cfg(tmp_path, "trainer.save_freq=2")))
+    assert [r["step"] for r in lines] == [1, 2, 3, 4] and lines[:2] == first
+    r3 = lines[2]["data"]
+    # both replicas resumed on the checkpointed weights and version: on-policy, in step with the trainer
+    assert r3["fully_async/staleness/max_version_lag"] == 0.0 and r3["training/rollout_probs_diff_max"] < 1e-3
+    assert all(r3[f"fully_async/count/replica_{i}/total_generated_samples"] > 0 for i in (0, 1))
+    assert lines[3]["data"]["fully_async/rollouter/replicas_out_of_sync"] == 0
+    with pytest.raises(ConfigError, match="written by 2 rollout workers") as e:
+        train_fully_async(_cfg(tmp_path, "trainer.total_steps=6", "async.rollout_gpus=1"))
+    assert "\n" not in str(e.value) and "async.rollout_gpus=2" in str(e.value)
