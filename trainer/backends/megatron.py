@@ -24,7 +24,10 @@ left-aligned (its real tokens moved to the front, the padding to the back; posit
 HF `position_ids` of the real tokens) and run under a plain causal mask.
 
 Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), expert (`expert_model_parallel_size`);
-data parallel over the remaining ranks. On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's
+data parallel over the remaining ranks. The ranks are the Ray trainer workers (colocated with
+`trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
+single-process loop has one. Checkpoints of several ranks hold each rank's own state
+(`trainer/distributed/actor_state.py`). On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's
 unconditional `torch.cuda` calls; gradients are all-reduced with torch over the data-parallel
 groups and the optimizer is torch's AdamW. On CUDA the same path runs (megatron's DDP and
 distributed optimizer: `trainer/backends/megatron_gpu.py`).

@@ -1,9 +1,11 @@
 """`TrainerWorker`: one data-parallel rank of the policy, as a Ray actor (one GPU or one CPU each).
 
 N workers form the trainer's default process group (gloo on CPU, NCCL/RCCL on GPU) and shard the
-policy with FSDP2 when N > 1 (`trainer/backends/fsdp.py`). The driver sends each worker its piece
-of the global batch (`trainer/distributed/sharding.py`); every worker runs the same `Actor.update`
-as the single-process loop, with counts all-reduced, so the update does not depend on N.
+policy with FSDP2 when N > 1 (`trainer/backends/fsdp.py`), or, with `actor.strategy: megatron`,
+build a `MegatronActor` over megatron-core's TP / EP / DP groups of that process group
+(`trainer/distributed/worker_actor.py`). The driver sends each worker the piece of the global batch
+of its data-parallel rank (`trainer/distributed/sharding.py`); every worker runs the same
+`Actor.update` as the single-process loop, with counts all-reduced, so the update does not depend on N.
 
 In the colocated mode each worker also holds a rollout engine (a full, unsharded copy of the
 weights in the rollout dtype): it samples its share of the prompts, and after the update gets the
