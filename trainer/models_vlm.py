@@ -215,7 +215,8 @@ def check_multimodal_support(cfg: Any) -> None:
 
     Supported: the colocated loop (in one process, or on Ray with one trainer worker) and the
     fully-async loop (one trainer worker, rollout workers on their own devices, no partial
-    rollout: `continue_generation` takes no images); the built-in hf engine and vLLM; the FSDP2
+    rollout: `continue_generation` takes no images); the built-in hf engine, vLLM and SGLang (not
+    run: trainer/rollout/sglang_engine.py); the FSDP2
     actor without compile; GRPO-style critic-free algorithms; single-turn prompts.
     """
     if not model_is_vlm(cfg.model.path):
@@ -225,7 +226,7 @@ def check_multimodal_support(cfg: Any) -> None:
     unsupported = [  # (field, its value, supported when, the fix)
         ("trainer.n_gpus_per_node", t.n_gpus_per_node, t.n_gpus_per_node * t.nnodes == 1, "1 and trainer.nnodes=1"),
         ("async.partial_rollout", cfg.async_.partial_rollout, not partial, "false"),
-        ("rollout.engine", cfg.rollout.engine, cfg.rollout.engine in ("hf", "vllm"), "hf"),
+        ("rollout.engine", cfg.rollout.engine, cfg.rollout.engine in ("hf", "vllm", "sglang"), "hf"),
         ("actor.strategy", cfg.actor.strategy, cfg.actor.strategy == "fsdp2", "fsdp2"),
         ("actor.compile", cfg.actor.compile, not cfg.actor.compile, "false"),
         ("critic.enable", cfg.critic.enable, not cfg.critic.enable, "false"),

@@ -131,7 +131,7 @@ def test_unsupported_paths_are_one_line_errors():
     check_multimodal_support(load_config(base))  # the colocated hf loop is supported
     for ok in (["rollout.engine=vllm"], ["trainer.use_ray=true"], ["trainer.mode=fully_async", "async.partial_rollout=false"]):
         check_multimodal_support(load_config(base, ok))
-    for override, field in [("rollout.engine=sglang", "rollout.engine"), ("trainer.mode=fully_async", "async.partial_rollout"),
+    for override, field in [("rollout.engine=static", "rollout.engine"), ("trainer.mode=fully_async", "async.partial_rollout"),
                             ("trainer.n_gpus_per_node=2", "trainer.n_gpus_per_node"), ("actor.compile=true", "actor.compile")]:
         with pytest.raises(ConfigError, match=f"^{field}=.*not supported with a vision-language model.path") as err:
             check_multimodal_support(load_config(base, [override]))

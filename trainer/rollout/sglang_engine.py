@@ -35,6 +35,15 @@ How it is driven:
   worker receives the trainer's weights over the project's broadcast group first
   (trainer/distributed/weight_sync.py) and then calls this same method;
   `update_weights_from_distributed` (SGLang joining the trainer's NCCL group) is not used.
+- Images (a vision-language policy; not run, like the rest of this adapter): `generate(prompts,
+  params, multi_modal_inputs=[...])` sends the trainer's expanded prompt ids with SGLang's
+  "processor_output" image format, `image_data=[[{"format": "processor_output", "pixel_values",
+  "image_grid_thw"}], ...]` (one list per request; SGLang's VLM query docs: that format needs
+  `input_ids`, which then already hold every image token), so SGLang embeds the trainer's own
+  pixels and does not expand the prompt again. Each image request's
+  `meta_info["prompt_tokens"]` must equal the trainer's prompt length (a second expansion would
+  change it). `continue_generation` takes no images (a partial rollout of image prompts is
+  refused at start).
 - `sleep`: `release_memory_occupation()` frees KV cache and weights (their content is lost);
   `wake_up`: `resume_memory_occupation()`. The trainer re-syncs weights after waking, so
   `generate` refuses to run on released weights until `update_weights` has run.
@@ -118,6 +127,27 @@ def parse_output(out: dict[str, Any], where: str) -> tuple[list[int], list[float
     reason = meta.get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else reason
     return ids, [float(t[0]) for t in triples], None if kind is None else normalize_finish_reason(kind, where)
+
+
+def image_data(multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None) -> dict[str, Any]:
+    """`{"image_data": [...]}` for `engine.generate` (one list of "processor_output" items per request, None
+    for a text row), or {} when no row has images."""
+    if not multi_modal_inputs or all(m is None for m in multi_modal_inputs):
+        return {}
+    return {"image_data": [None if m is None else [{"format": "processor_output", "pixel_values": m["pixel_values"],
+                                                    "image_grid_thw": m["image_grid_thw"]}]
+                           for m in multi_modal_inputs]}
+
+
+def check_image_prompts(rows: list[list[int]], multi_modal_inputs: list[Any] | None, outputs: list[Any]) -> None:
+    """ValueError when SGLang counted an image request's prompt differently from the trainer (it expanded
+    the image tokens again, or dropped some)."""
+    for j, (row, m, out) in enumerate(zip(rows, multi_modal_inputs or [], outputs)):
+        got = (out or {}).get("meta_info", {}).get("prompt_tokens") if m is not None else None
+        if got is not None and int(got) != len(row):
+            raise ValueError(f"sglang output {j}: the image prompt is {got} tokens in the engine, {len(row)} in the "
+                             f"trainer (fix: the engine must take the trainer's expanded ids with image_data in "
+                             f"'processor_output' format)")
 
 
 def rollout_from_sglang(prompts: list[list[int]], outputs: list[dict[str, Any]], n: int, version: int) -> Rollout:
@@ -204,25 +234,44 @@ class SGLangRolloutEngine(InterruptibleEngine):
         if self._weights_released:
             raise RuntimeError("sglang engine weights were released by sleep(): call update_weights() first")
 
+    def generate(self, prompts: list[list[int]], params: SamplingParams, *,
+                 should_stop: Callable[[], bool] | None = None,
+                 multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None = None) -> Rollout:
+        """`InterruptibleEngine.generate`, plus each prompt's `multi_modal_inputs` (module docstring)."""
+        if multi_modal_inputs is None:
+            return super().generate(prompts, params, should_stop=should_stop)
+        n = params.n
+        rows = [list(p) for p in prompts for _ in range(n)]
+        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop,
+                                                 multi_modal_inputs=[m for m in multi_modal_inputs for _ in range(n)])
+        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
+                       token_versions=[[self.version] * len(t) for t in tokens])
+
     def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
-                    should_stop: Callable[[], bool] | None = None) -> tuple[list[list[int]], list[list[float]], list[str]]:
+                    should_stop: Callable[[], bool] | None = None,
+                    multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None = None
+                    ) -> tuple[list[list[int]], list[list[float]], list[str]]:
         """Continue each token row by at most `budgets[i]` tokens (one request each); "abort" rows were
-        interrupted by `should_stop`."""
+        interrupted by `should_stop`. `multi_modal_inputs[i]`: row i's processed images."""
         self._check_awake()
+        images = image_data(multi_modal_inputs)
         self._calls += 1
         rids = [f"rlbench-{self._calls}-{i}" for i in range(len(rows))]
         sps = [sglang_sampling_params(params, self.eos_token_ids, b,
                                       seed=int(torch.randint(0, 2**31 - 1, (1,), generator=self.generator)))
                for b in budgets]
         if should_stop is None:
-            outputs = list(self.engine.generate(input_ids=rows, sampling_params=sps, return_logprob=True, rid=rids))
+            outputs = list(self.engine.generate(input_ids=rows, sampling_params=sps, return_logprob=True, rid=rids,
+                                                **images))
             parsed = [parse_output(o, f"sglang output {j}") for j, o in enumerate(outputs)]
+            check_image_prompts(rows, multi_modal_inputs, outputs)
         else:
             latest: list[dict[str, Any] | None] = [None] * len(rows)
             done = [False] * len(rows)
             aborted = False
             for chunk in self.engine.generate(input_ids=rows, sampling_params=sps, return_logprob=True, rid=rids,
-                                              stream=True):
+                                              stream=True, **images):
                 i = int(chunk["index"])
                 latest[i] = chunk
                 done[i] = parse_output(chunk, f"sglang output {i}")[2] is not None
@@ -233,6 +282,7 @@ class SGLangRolloutEngine(InterruptibleEngine):
                     aborted = True  # keep reading: aborted requests end with finish reason "abort"
             parsed = [parse_output(o, f"sglang output {j}") if o is not None else ([], [], "abort")
                       for j, o in enumerate(latest)]
+            check_image_prompts(rows, multi_modal_inputs, latest)
         if len(parsed) != len(rows):
             raise ValueError(f"sglang returned {len(parsed)} outputs for {len(rows)} requests")
         for j, (_, _, reason) in enumerate(parsed):
@@ -296,7 +346,11 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
     from trainer.rollout.vllm_engine import check_tensor_parallel
 
     check_tensor_parallel(cfg.rollout.tensor_parallel_size, device)
-    model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer)
+    from trainer.models_vlm import is_vlm, load_vision_processor
+
+    vision = load_vision_processor(cfg.model.path, tokenizer, model) if is_vlm(model) else None
+    model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer,
+                                     image_processor=vision.image_processor if vision is not None else None)
     engine = sglang.Engine(**engine_kwargs(cfg, model_dir, device))
     return SGLangRolloutEngine(engine, eos_token_ids=eos_ids, dtype=resolve_dtype(cfg.model.dtype), device=device,
                                seed=cfg.trainer.seed)
