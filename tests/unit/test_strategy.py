@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.configs import tiny_config
-from trainer.backends.strategy import check_strategy, megatron_missing, model_type
+from trainer.backends.strategy import check_strategy, megatron_missing, model_type, num_experts
 from trainer.config import load_config
 from trainer.errors import ConfigError
 
@@ -60,6 +60,11 @@ def test_model_type_forms(tmp_path):
     assert model_type(_cfg(tmp_path).model) == "qwen2"
     assert model_type(load_config({"model": {"path": "embedded:smollm2-135m-instruct"}}).model) == "llama"
     assert model_type(load_config({"model": {"path": "shape:qwen3-8b"}}).model) == "qwen3"
+    assert num_experts(_cfg(tmp_path).model) == 0
+    assert num_experts(load_config({"model": {"path": "tiny:qwen3_moe"}}).model) == 4
+    assert num_experts(load_config({"model": {"path": "tiny:mixtral"}}).model) == 4
+    assert num_experts(load_config({"model": {"path": "embedded:smollm2-135m-instruct", "upcycle_num_experts": 8}}
+                                   ).model) == 8
     assert importlib.util.find_spec("trainer.backends.megatron") is not None
 
 
@@ -84,7 +89,9 @@ def _meg(tmp_path: Path, *, model: str = "tiny:qwen3", trainer: dict | None = No
     ({"megatron": {"tensor_model_parallel_size": 2}, "trainer": {**RAY2, "n_gpus_per_node": 3}},
      r"^actor\.megatron\.tensor_model_parallel_size=2: does not divide the 3 trainer ranks"),
     ({"megatron": {"expert_model_parallel_size": 2}, "trainer": RAY2},
-     r"^actor\.megatron\.expert_model_parallel_size=2: .*dense 'qwen3' model"),
+     r"^actor\.megatron\.expert_model_parallel_size=2: .*is a dense model"),
+    ({"megatron": {"expert_model_parallel_size": 3}, "trainer": {**RAY2, "n_gpus_per_node": 3},
+      "model": "tiny:qwen3_moe"}, r"^actor\.megatron\.expert_model_parallel_size=3: does not divide the model's 4 "),
     ({"megatron": {"tensor_model_parallel_size": 2}, "trainer": RAY2, "model": "tiny:qwen3_moe"},
      r"^actor\.megatron\.tensor_model_parallel_size=2: an MoE model under tensor parallelism needs sequence"),
     ({"megatron": {"tensor_model_parallel_size": 2}, "trainer": {"mode": "fully_async"}},
@@ -102,5 +109,7 @@ def test_megatron_layouts_that_run_are_accepted(tmp_path):
     check_strategy(_meg(tmp_path, trainer=RAY2))  # colocated on Ray, DP=2
     check_strategy(_meg(tmp_path, trainer=RAY2, megatron={"tensor_model_parallel_size": 2}))  # TP=2
     check_strategy(_meg(tmp_path, trainer=RAY2, model="tiny:qwen3_moe", megatron={"expert_model_parallel_size": 2}))
+    upcycled = _meg(tmp_path, trainer=RAY2, model="tiny:llama", megatron={"expert_model_parallel_size": 2})
+    check_strategy(upcycled.model_copy(update={"model": upcycled.model.model_copy(update={"upcycle_num_experts": 4})}))
     cfg = _meg(tmp_path, trainer={"mode": "fully_async"}, megatron={"tensor_model_parallel_size": 2})
     check_strategy(cfg.model_copy(update={"async_": cfg.async_.model_copy(update={"train_gpus": 2})}))

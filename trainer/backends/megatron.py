@@ -57,9 +57,6 @@ LOCAL_TO_TE = [
 DENSE_PRE_MLP = (re.compile(r"\.pre_mlp_layernorm\.weight$"), ".mlp.linear_fc1.layer_norm_weight")
 
 
-MOE_TYPES = ("mixtral", "deepseek_v3")  # and every model type with "moe" in its name
-
-
 def trainer_world(cfg: TrainerConfig) -> tuple[str, int]:
     """(the loop, its number of trainer ranks): the single-process loop has one; the colocated Ray loop
     `trainer.n_gpus_per_node * nnodes`; the fully-async loop `async.train_gpus`."""
@@ -71,13 +68,14 @@ def trainer_world(cfg: TrainerConfig) -> tuple[str, int]:
     return "colocated", 1
 
 
-def check_megatron_supported(cfg: TrainerConfig, model_type: str = "") -> None:
-    """Raise ConfigError for `actor.strategy=megatron` settings this backend does not run (one line each)."""
+def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
+    """Raise ConfigError for `actor.strategy=megatron` settings this backend does not run (one line each);
+    `num_experts`: routed experts per MoE layer of the model (0: dense)."""
     a = cfg.actor
     m = a.megatron
     loop, world = trainer_world(cfg)
     tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
-    is_moe = "moe" in model_type or model_type in MOE_TYPES
+    is_moe = num_experts > 1
     if m.pipeline_model_parallel_size != 1:
         raise ConfigError(f"actor.megatron.pipeline_model_parallel_size={m.pipeline_model_parallel_size}: pipeline "
                           f"parallelism is not built (fix: set it to 1)")
@@ -92,9 +90,12 @@ def check_megatron_supported(cfg: TrainerConfig, model_type: str = "") -> None:
             where = "async.train_gpus" if loop == "fully_async" else "trainer.n_gpus_per_node * trainer.nnodes"
             raise ConfigError(f"actor.megatron.{field}={size}: does not divide the {world} trainer ranks "
                               f"({where}) (fix: a divisor of {world})")
-    if ep > 1 and model_type and not is_moe:
+    if ep > 1 and not is_moe:
         raise ConfigError(f"actor.megatron.expert_model_parallel_size={ep}: model.path={cfg.model.path} is a dense "
-                          f"'{model_type}' model, it has no experts (fix: set it to 1, or train an MoE model)")
+                          f"model, it has no experts (fix: set it to 1, or train an MoE model)")
+    if is_moe and num_experts % ep:
+        raise ConfigError(f"actor.megatron.expert_model_parallel_size={ep}: does not divide the model's {num_experts} "
+                          f"experts (fix: a divisor of {num_experts})")
     if tp > 1 and is_moe:  # megatron-core trains MoE under TP only with sequence parallelism
         raise ConfigError(f"actor.megatron.tensor_model_parallel_size={tp}: an MoE model under tensor parallelism "
                           f"needs sequence parallelism, which is not built (fix: set it to 1 and use "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from typing import Any
 
 from trainer.config import MegatronConfig, ModelConfig, TrainerConfig
 from trainer.errors import ConfigError
@@ -34,24 +35,41 @@ def megatron_missing() -> str | None:
     return None
 
 
-def model_type(cfg: ModelConfig) -> str:
-    """The HF `model_type` that `model.path` names, read without loading weights."""
+def hf_config(cfg: ModelConfig) -> Any | None:
+    """The HF config that `model.path` names, read without loading weights (None: the embedded
+    SmolLM2, a Llama, or a path that is not a model folder)."""
     from transformers import AutoConfig
 
     from trainer.models import SHAPES, tiny_config
 
     path = cfg.path
     if path.startswith("tiny:"):
-        return tiny_config(path.split(":", 1)[1], 256, cfg.override_config).model_type
+        return tiny_config(path.split(":", 1)[1], 256, cfg.override_config)
     if path.startswith("shape:"):
         name = path.split(":", 1)[1]
-        return SHAPES[name][0].model_type if name in SHAPES else name
-    if path.startswith("embedded:"):
-        return "llama"  # SmolLM2 (the only embedded model) is a Llama
+        return SHAPES[name][0](**SHAPES[name][1]) if name in SHAPES else None
     p = Path(path).expanduser()
     if p.is_dir() and (p / "config.json").is_file():
-        return AutoConfig.from_pretrained(p).model_type
-    return "unknown"
+        return AutoConfig.from_pretrained(p)
+    return None
+
+
+def model_type(cfg: ModelConfig) -> str:
+    """The HF `model_type` that `model.path` names, read without loading weights."""
+    if cfg.path.startswith("embedded:"):
+        return "llama"  # SmolLM2 (the only embedded model) is a Llama
+    conf = hf_config(cfg)
+    if conf is None and cfg.path.startswith("shape:"):
+        return cfg.path.split(":", 1)[1]
+    return conf.model_type if conf is not None else "unknown"
+
+
+def num_experts(cfg: ModelConfig) -> int:
+    """Routed experts per MoE layer of the model the run trains (upcycled included); 0 for a dense model."""
+    if cfg.upcycle_num_experts:
+        return cfg.upcycle_num_experts
+    conf = hf_config(cfg) if not cfg.path.startswith("embedded:") else None
+    return max((getattr(conf, k, None) or 0) for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
 def bridge_model_types() -> list[str]:
@@ -83,4 +101,4 @@ def check_strategy(cfg: TrainerConfig) -> None:
                           f"actor.strategy=fsdp2)")
     from trainer.backends.megatron import check_megatron_supported
 
-    check_megatron_supported(cfg, mtype)
+    check_megatron_supported(cfg, num_experts(cfg.model))
