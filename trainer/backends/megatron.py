@@ -29,8 +29,10 @@ data parallel over the remaining ranks. The ranks are the Ray trainer workers (c
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
 (`trainer/distributed/actor_state.py`). On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's
 unconditional `torch.cuda` calls; gradients are all-reduced with torch over the data-parallel
-groups and the optimizer is torch's AdamW. On CUDA the same path runs (megatron's DDP and
-distributed optimizer: `trainer/backends/megatron_gpu.py`).
+groups and the optimizer is torch's AdamW. The training loops run that same path on CUDA (torch's
+all-reduce over NCCL, fused AdamW); megatron's DDP and distributed optimizer
+(`trainer/backends/megatron_gpu.py`) are used by the MoE benchmark only, since their sharded
+optimizer state does not go through the loops' checkpoints yet.
 """
 
 from __future__ import annotations
