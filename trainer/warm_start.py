@@ -16,8 +16,8 @@ few supervised steps on traces the project writes itself and caches the result:
 
 The loss is the mean negative log-prob of the mask-1 response tokens through the trainer's own
 log-prob path (`trainer.ops.logprobs.response_logprobs`), AdamW, float32. A model folder with
-``warm_start.json`` (the setting, the loss at the first and last step, the share of held-out
-prompts whose most likely first token opens a tool call, seconds, versions) lands under
+``warm_start.json`` (the setting, the loss at the first and last step, the mean probability that
+a response to a held-out prompt opens with a tool call, before and after, seconds, versions) lands under
 ``$RLBENCH_CACHE/models/<base>-sft-<hash of base and setting>/``; processes that need it at once
 (Ray workers, the fully-async rollouter and trainer) wait on a file lock and one of them builds it.
 
@@ -106,16 +106,16 @@ def cache_folder(cfg: ModelConfig, seed: int) -> Path:
 
 
 @torch.no_grad()
-def tool_first_share(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[list[int]]) -> float:
-    """Share of `prompts` whose most likely first response token is the first token of a tool call."""
+def tool_first_prob(model: torch.nn.Module, tokenizer: Any, prompts: Sequence[list[int]]) -> float:
+    """Mean probability (temperature 1) that the response to one of `prompts` opens with a tool call's first token."""
     from trainer.agent.tool_call import TOOL_CALL_OPEN
 
     first = tokenizer.encode(TOOL_CALL_OPEN, add_special_tokens=False)[0]
-    hits = 0
+    total = 0.0
     for p in prompts:
-        logits = model(input_ids=torch.tensor([p])).logits[0, -1]
-        hits += int(int(logits.argmax()) == first)
-    return hits / max(1, len(prompts))
+        logits = model(input_ids=torch.tensor([p])).logits[0, -1].float()
+        total += float(torch.softmax(logits, -1)[first])
+    return total / max(1, len(prompts))
 
 
 def train_tool_warm_start(model: torch.nn.Module, tokenizer: Any, ws: WarmStartConfig, out: Path) -> dict[str, Any]:
@@ -147,13 +147,13 @@ def train_tool_warm_start(model: torch.nn.Module, tokenizer: Any, ws: WarmStartC
 
     held_prompts = [tokenize_prompt(tokenizer, r["prompt"]) for r in held_out]
     model.float()
-    before = tool_first_share(model, tokenizer, held_prompts)
+    before = tool_first_prob(model, tokenizer, held_prompts)
     losses = supervised_steps(model, next_batch, ws.steps, ws.lr)
-    after = tool_first_share(model, tokenizer, held_prompts)
+    after = tool_first_prob(model, tokenizer, held_prompts)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return {"setting": ws.model_dump(), "loss_first": losses[0], "loss_last": losses[-1],
-            "tool_first_token_share_before": before, "tool_first_token_share_after": after,
+            "tool_first_token_prob_before": before, "tool_first_token_prob_after": after,
             "num_held_out": len(held_prompts), "tool_traces": sum(t.uses_tool for t in traces),
             "num_traces": len(traces), "seconds": round(time.perf_counter() - t0, 1), "torch": torch.__version__}
 

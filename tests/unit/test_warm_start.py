@@ -60,6 +60,7 @@ def test_warm_start_trains_caches_and_reloads(tmp_path, monkeypatch):
     facts = read_facts(cfg, 0)
     assert facts is not None and facts["loss_last"] < facts["loss_first"]
     assert facts["setting"]["steps"] == 6 and facts["num_traces"] == 16
+    assert 0.0 <= facts["tool_first_token_prob_before"] <= 1.0 and 0.0 <= facts["tool_first_token_prob_after"] <= 1.0
     # the returned model is the trained one, not the base
     diff = max((a - b).abs().max().item() for a, b in zip(model.parameters(), base.parameters()))
     assert diff > 0
