@@ -49,7 +49,9 @@ def _engine_cores(pid: int) -> list:
     return out
 
 
-@pytest.mark.parametrize("case", list(CASES))
+# fully-async (the rollout worker on Ray) in the default tier; the two colocated layouts in the slow tier
+@pytest.mark.parametrize("case", [pytest.param(c, marks=[pytest.mark.slow] if c != "fully_async" else [])
+                                  for c in CASES])
 def test_engine_killed_mid_run_stops_in_one_line_and_keeps_the_report(tmp_path: Path, case: str):
     pytest.importorskip("vllm")
     overrides, starts, suite, check_mode = CASES[case]

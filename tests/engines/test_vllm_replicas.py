@@ -15,7 +15,7 @@ import pytest
 from trainer.config import load_config
 from trainer.metrics import read_metrics
 
-pytestmark = pytest.mark.vllm
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # ~3 min; the hf-engine replica tests run in the default tier
 
 
 def test_two_vllm_replicas_feed_one_queue_and_stay_in_sync(tmp_path: Path):

@@ -40,6 +40,7 @@ def test_agent_loop_on_two_ray_workers(tmp_path: Path):
     assert env["sandbox"]["isolating"] and "subreaper" in env["sandbox"]["in_force"]
 
 
+@pytest.mark.slow  # the partial-rollout test below covers the fully-async tool loop in the default tier
 def test_agent_loop_in_the_fully_async_rollouter(tmp_path: Path):
     from trainer.modes.fully_async import train_fully_async
 

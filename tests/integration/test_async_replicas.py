@@ -50,6 +50,7 @@ def test_two_rollout_replicas_feed_one_queue(tmp_path: Path, train_gpus: int):
     assert isinstance(facts, list) and len(facts) == 2 and all(f["engine"] == "hf" for f in facts)
 
 
+@pytest.mark.slow  # ~3 min
 def test_two_replicas_resume_from_a_checkpoint_and_refuse_another_replica_count(tmp_path: Path):
     import torch
 

@@ -83,6 +83,7 @@ def test_colocated_ray_megatron_equals_fsdp2(tmp_path: Path, fsdp2_runs, model: 
             assert na[k] == pytest.approx(nb[k], rel=REL, abs=ABS), (a["step"], k, na[k], nb[k])
 
 
+@pytest.mark.slow  # resume through the same checkpoint path: tests/integration/test_megatron_resume.py
 def test_colocated_ray_megatron_tp2_resume_reproduces_uninterrupted_run(tmp_path: Path):
     tp2 = ("actor.megatron.tensor_model_parallel_size=2", "trainer.save_freq=2")
     full = _run(_cfg(tmp_path / "full", "tiny:qwen3", "megatron", *tp2))

