@@ -51,7 +51,9 @@ def test_suite_loads_and_resolves(path: Path) -> None:
     cpu_cfg = load_config(suite.resolve_trainer_config("cpu", cpu.modes[0], env={}))
     assert cpu_cfg.rollout.engine == "hf" and cpu_cfg.trainer.device == "cpu"
     assert cpu_cfg.actor.strategy == "fsdp2" and cpu_cfg.data.train_files.startswith("synthetic:")
-    assert cpu.steps <= 20 and cpu_cfg.data.max_response_length <= 24
+    # CI cost: few steps and short responses; a tool round trip (Miles JSON call, output, answer) is
+    # about 70 SmolLM2 tokens, so a multi-turn cpu profile may use up to 80
+    assert cpu.steps <= 20 and cpu_cfg.data.max_response_length <= (80 if cpu_cfg.agent.enable else 24)
     # every profile has at least one check that applies to it, and every reference cites and reasons
     for pname in suite.profile_names():
         assert any(pname in r.profiles for r in suite.references), pname
