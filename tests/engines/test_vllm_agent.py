@@ -18,11 +18,10 @@ import threading
 import pytest
 import torch
 
-from tests.helpers.engines import stop_after
-from tests.helpers.tool_policy import ToolPolicy
+from tests.helpers.tool_policy import InterruptInAnswer, ToolPolicy
 from trainer.agent.loop import AgentRolloutEngine
 from trainer.config import AgentConfig, TrainerConfig
-from trainer.rollout.base import InterruptibleEngine, SamplingParams
+from trainer.rollout.base import SamplingParams
 
 pytestmark = pytest.mark.vllm
 
@@ -39,30 +38,6 @@ class FlagAgent(AgentRolloutEngine):
     def run_tool(self, call):
         self.tool_started.set()
         return super().run_tool(call)
-
-
-class InterruptInAnswer(InterruptibleEngine):
-    """The vLLM engine; its first decode of an answer segment is interrupted after one engine step."""
-
-    def __init__(self, inner: InterruptibleEngine, obs_end: int) -> None:
-        self.inner, self.obs_end, self.fired = inner, obs_end, False
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.inner.version = value
-
-    def decode_rows(self, rows, budgets, params, should_stop):
-        if not self.fired and rows[0][-1] == self.obs_end:
-            self.fired = True
-            should_stop = stop_after(1)
-        return self.inner.decode_rows(rows, budgets, params, should_stop)
-
-    def update_weights(self, named_tensors) -> None:
-        self.inner.update_weights(named_tensors)
 
 
 @pytest.fixture(scope="module")

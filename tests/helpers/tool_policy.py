@@ -26,7 +26,9 @@ from pathlib import Path
 
 import torch
 
+from tests.helpers.engines import stop_after
 from trainer.agent.loop import OBS_CLOSE
+from trainer.rollout.base import InterruptibleEngine
 
 MARGIN = 20.0
 CODE = "print(6 * 7)"
@@ -101,3 +103,28 @@ class ToolPolicy:
         self.model.save_pretrained(folder, safe_serialization=True)
         self.tok.save_pretrained(folder)
         return str(folder)
+
+
+class InterruptInAnswer(InterruptibleEngine):
+    """The real engine; its first decode of an answer segment is interrupted after `steps` checks of
+    `should_stop` (hf, static, vLLM: before each decode step; SGLang: after each streamed chunk)."""
+
+    def __init__(self, inner: InterruptibleEngine, obs_end: int, steps: int = 1) -> None:
+        self.inner, self.obs_end, self.steps, self.fired = inner, obs_end, steps, False
+
+    @property
+    def version(self) -> int:
+        return self.inner.version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.inner.version = value
+
+    def decode_rows(self, rows, budgets, params, should_stop):
+        if not self.fired and rows[0][-1] == self.obs_end:
+            self.fired = True
+            should_stop = stop_after(self.steps)
+        return self.inner.decode_rows(rows, budgets, params, should_stop)
+
+    def update_weights(self, named_tensors) -> None:
+        self.inner.update_weights(named_tensors)

@@ -16,8 +16,7 @@ import time
 
 import pytest
 
-from tests.helpers.engines import stop_after
-from tests.helpers.tool_policy import ToolPolicy, call_text
+from tests.helpers.tool_policy import InterruptInAnswer, ToolPolicy, call_text
 from trainer.agent.loop import AgentRolloutEngine
 from trainer.agent.trajectory import Trajectory
 from trainer.config import AgentConfig
@@ -102,31 +101,6 @@ def test_interrupt_between_turns_continues_under_new_weights(kind: str) -> None:
     assert {k: cont.turn_stats[0][k] for k in ("num_turns", "tool_calls", "tool_errors")} == \
         {"num_turns": 4, "tool_calls": 1, "tool_errors": 0}
     assert cont.finish_reasons == ["stop"] and cont.policy_version == [1]
-
-
-class InterruptInAnswer(InterruptibleEngine):
-    """The real engine; its first decode of an answer segment is interrupted after `steps` checks of
-    `should_stop` (hf, static, vLLM: before each decode step; SGLang: after each streamed chunk)."""
-
-    def __init__(self, inner: InterruptibleEngine, obs_end: int, steps: int = 1) -> None:
-        self.inner, self.obs_end, self.steps, self.fired = inner, obs_end, steps, False
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.inner.version = value
-
-    def decode_rows(self, rows, budgets, params, should_stop):
-        if not self.fired and rows[0][-1] == self.obs_end:
-            self.fired = True
-            should_stop = stop_after(self.steps)
-        return self.inner.decode_rows(rows, budgets, params, should_stop)
-
-    def update_weights(self, named_tensors) -> None:
-        self.inner.update_weights(named_tensors)
 
 
 @pytest.mark.parametrize("kind", ["hf", "static"])
