@@ -34,6 +34,7 @@ import abc
 import copy
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -174,11 +175,15 @@ class InterruptibleEngine(RolloutEngine):
         """
 
     def generate(self, prompts: list[list[int]], params: SamplingParams, *,
-                 should_stop: Callable[[], bool] | None = None) -> Rollout:
-        """Sample `params.n` responses per prompt; `should_stop` interrupts (rows marked "abort")."""
+                 should_stop: Callable[[], bool] | None = None, **per_prompt: list[Any] | None) -> Rollout:
+        """Sample `params.n` responses per prompt; `should_stop` interrupts (rows marked "abort").
+        `per_prompt`: inputs with one entry per prompt (an engine's images), repeated for the prompt's
+        `n` rows and passed to `decode_rows` under the same names."""
         n = params.n
         rows = [list(p) for p in prompts for _ in range(n)]  # [B] prompts, each repeated n times
-        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop)
+        extra = {k: [v for v in vals for _ in range(n)] for k, vals in per_prompt.items() if vals is not None}
+        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop,
+                                                 **extra)
         return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
                        group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
                        token_versions=[[self.version] * len(t) for t in tokens])

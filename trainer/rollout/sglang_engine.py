@@ -238,15 +238,7 @@ class SGLangRolloutEngine(InterruptibleEngine):
                  should_stop: Callable[[], bool] | None = None,
                  multi_modal_inputs: list[dict[str, torch.Tensor] | None] | None = None) -> Rollout:
         """`InterruptibleEngine.generate`, plus each prompt's `multi_modal_inputs` (module docstring)."""
-        if multi_modal_inputs is None:
-            return super().generate(prompts, params, should_stop=should_stop)
-        n = params.n
-        rows = [list(p) for p in prompts for _ in range(n)]
-        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop,
-                                                 multi_modal_inputs=[m for m in multi_modal_inputs for _ in range(n)])
-        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
-                       token_versions=[[self.version] * len(t) for t in tokens])
+        return super().generate(prompts, params, should_stop=should_stop, multi_modal_inputs=multi_modal_inputs)
 
     def decode_rows(self, rows: list[list[int]], budgets: list[int], params: SamplingParams,
                     should_stop: Callable[[], bool] | None = None,

@@ -299,13 +299,7 @@ class VLLMRolloutEngine(InterruptibleEngine):
         if images is None:
             raise ValueError("vllm engine: image prompts need their decoded images (images=...), which vLLM's "
                              "own image processor reads")
-        n = params.n
-        rows = [list(p) for p in prompts for _ in range(n)]
-        tokens, logps, finish = self.decode_rows(rows, [params.max_new_tokens] * len(rows), params, should_stop,
-                                                 images=[imgs for imgs in images for _ in range(n)])
-        return Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
-                       group_index=[i // n for i in range(len(rows))], policy_version=[self.version] * len(rows),
-                       token_versions=[[self.version] * len(t) for t in tokens])
+        return super().generate(prompts, params, should_stop=should_stop, images=images)
 
     def _prompt(self, row: list[int], images: list[Any] | None) -> Any:
         if not images:
