@@ -22,6 +22,9 @@ export converts back to that layout, then to transformers' in-memory layout (exp
 Batches: megatron-core's RoPE uses the token's index in the row, not `position_ids`, so each row is
 left-aligned (its real tokens moved to the front, the padding to the back; positions then equal the
 HF `position_ids` of the real tokens) and run under a plain causal mask.
+Log-probs: the decoder's final hidden states of the response positions go through the trainer's
+chunked LM-head function (`trainer/ops/logprobs.py`, the FSDP2 backend's), with the output layer's
+weight (TP shards gathered), so no `[N, T, V]` logits are materialized.
 
 Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), expert (`expert_model_parallel_size`);
 data parallel over the remaining ranks. The ranks are the Ray trainer workers (colocated with
@@ -41,6 +44,7 @@ import os
 import re
 import tempfile
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -50,6 +54,7 @@ from trainer.backends.actor import Actor
 from trainer.batch import Batch
 from trainer.config import ActorConfig, TrainerConfig
 from trainer.errors import ConfigError
+from trainer.ops.logprobs import lm_head_logprobs
 
 # local-spec parameter names -> the TransformerEngine-spec names mbridge's tables use
 LOCAL_TO_TE = [
@@ -378,6 +383,36 @@ def left_align(batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, index
 
 
+class _GatherVocabShards(torch.autograd.Function):
+    """All-gather of the output layer's vocab shards `[V / TP, H]` -> `[V, H]`. Backward keeps this rank's
+    rows of the gradient without summing: every TP rank computes the same full gradient, since the
+    hidden states that multiply the weight are replicated over TP (no sequence parallelism)."""
+
+    @staticmethod
+    def forward(ctx, shard: torch.Tensor) -> torch.Tensor:
+        from megatron.core import parallel_state as ps
+
+        group = ps.get_tensor_model_parallel_group()
+        ctx.rank, ctx.rows = dist.get_rank(group), shard.shape[0]
+        parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, shard.contiguous(), group=group)
+        return torch.cat(parts)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad[ctx.rank * ctx.rows:(ctx.rank + 1) * ctx.rows]
+
+
+def output_weight(gpt: torch.nn.Module) -> torch.Tensor:
+    """The LM head's weight `[V_padded, H]` (tied to the embedding where the model ties them), TP shards
+    gathered, so the trainer's chunked log-prob function (`trainer/ops/logprobs.py`) runs on it and no
+    `[N, T, V]` logits are materialized."""
+    from megatron.core import parallel_state as ps
+
+    w = gpt.shared_embedding_or_output_weight() if gpt.share_embeddings_and_output_weights else gpt.output_layer.weight
+    return _GatherVocabShards.apply(w) if ps.get_tensor_model_parallel_world_size() > 1 else w
+
+
 class MegatronActor(Actor):
     """`Actor` on a megatron-core GPTModel (module docstring)."""
 
@@ -424,15 +459,16 @@ class MegatronActor(Actor):
         t = ids.shape[1]
         pos = torch.arange(t, device=ids.device)[None].expand_as(ids)
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True: masked
-        logits = self.model(ids, pos, causal, runtime_gather_output=True)[..., : self.bridge.vocab_size]  # [N, T, V]
+        self.gpt.post_process = False  # the decoder's output (final norm applied), no [N, T, V] logits
+        try:
+            hidden = self.model(ids, pos, causal).transpose(0, 1)  # [N, T, H]
+        finally:
+            self.gpt.post_process = True
         r = index.shape[1]
-        z = torch.gather(logits, 1, index[..., None].expand(-1, r, logits.shape[-1])).float()
-        if self.temperature != 1.0:
-            z = z / self.temperature
-        logp_all = torch.log_softmax(z, dim=-1)
-        logp = torch.gather(logp_all, -1, micro.responses[..., None]).squeeze(-1)
-        entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else torch.zeros_like(logp)
-        return logp, entropy
+        h = torch.gather(hidden, 1, index[..., None].expand(-1, r, hidden.shape[-1]))  # [N, R, H]
+        head = SimpleNamespace(weight=output_weight(self.gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
+        return lm_head_logprobs(h, head, micro.responses, temperature=self.temperature,
+                                chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy)
 
     # ------------------------------------------------------------------ reductions
     def data_parallel(self) -> tuple[int, int]:
