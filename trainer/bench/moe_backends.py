@@ -19,6 +19,13 @@ allgather dispatcher, megatron's unfused attention, megatron's `moe_grouped_gemm
 TransformerEngine builds SequentialMLP: experts one at a time). Prints tok/s, MFU on active
 parameters (6 x active matmul parameters x tokens + causal attention, over `--peak-tflops`), peak
 memory; `--profile` adds the top CUDA kernels of one step.
+Those variants train on a language-model loss over every token with the bare models. The actor
+variants, `fsdp2 actor` and `megatron actor`, time what the training loops run instead: one
+`Actor.update` (policy loss, log-probs and entropy through the chunked LM head on the response tokens,
+clipping) on rows of `ACTOR_PROMPT` prompt tokens plus a response, both with fp32 master weights:
+transformers' model under `actor.mixed_precision: bf16_params`, and `MegatronActor` with megatron's DDP
+and distributed optimizer. Their MFU counts the LM head on response tokens only. Run each variant in
+a process of its own when memory is tight (`--variants "megatron actor"`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ import torch
 from trainer.config import ActorConfig
 
 ARGS_LR = 1e-3
+ACTOR_PROMPT = 128  # actor variants: prompt tokens of each row (the rest is its response)
 
 
 def _tiny_moe():
@@ -131,25 +139,31 @@ def qwen3_30b_a3b(layers: int):
                           tie_word_embeddings=False, router_aux_loss_coef=0.0)
 
 
-def active_flops(c, batch: int, seq: int) -> float:
-    """Training FLOPs of one step on active parameters: 6 x (attention + k experts + router + LM head)
-    matmul parameters x tokens, plus causal attention scores (3 x 2 x 2 x s^2/2 x heads x head_dim)."""
+def active_flops(c, batch: int, seq: int, head_tokens: int | None = None) -> float:
+    """Training FLOPs of one step on active parameters: 6 x (attention + k experts + router) matmul
+    parameters x tokens, 6 x LM head x the `head_tokens` per row that reach it (all `seq` for a language-model
+    loss, the response tokens for an actor), plus causal attention scores (3 x 2 x 2 x s^2/2 x heads x head_dim)."""
     h, hd = c.hidden_size, c.head_dim
     attn = h * c.num_attention_heads * hd * 2 + h * c.num_key_value_heads * hd * 2
     experts = c.num_experts_per_tok * 3 * h * c.moe_intermediate_size + h * c.num_experts
-    per_token = c.num_hidden_layers * (attn + experts) + h * c.vocab_size
+    head = h * c.vocab_size * (seq if head_tokens is None else head_tokens)
     scores = c.num_hidden_layers * 3 * 2 * 2 * (seq * seq / 2) * c.num_attention_heads * hd * batch
-    return 6.0 * per_token * batch * seq + scores
+    return 6.0 * (c.num_hidden_layers * (attn + experts) * seq + head) * batch + scores
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
 
 
 def _timed(step, warmup: int, steps: int) -> float:
     for _ in range(warmup):
         step()
-    torch.cuda.synchronize()
+    _sync()
     t = time.perf_counter()
     for _ in range(steps):
         step()
-    torch.cuda.synchronize()
+    _sync()
     return (time.perf_counter() - t) / steps
 
 
@@ -224,6 +238,72 @@ def bench_megatron(c, batch: int, seq: int, warmup: int, steps: int, *, grouped_
     return out
 
 
+def rl_batch(c, rows: int, seq: int, prompt: int):
+    """`rows` sequences of `seq` real tokens, the first `prompt` of each its prompt and the rest its response,
+    every row its own prompt (so neither backend can share a prompt forward), random advantages."""
+    from trainer.batch import Batch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, c.vocab_size, (rows, seq), generator=g)
+    r = seq - prompt
+    b = Batch(input_ids=ids, attention_mask=torch.ones(rows, seq, dtype=torch.long),
+              position_ids=torch.arange(seq)[None].expand(rows, seq).clone(), responses=ids[:, prompt:],
+              response_mask=torch.ones(rows, r), rollout_logprobs=torch.zeros(rows, r), group_index=torch.arange(rows))
+    b.advantages = torch.randn(rows, 1, generator=g).expand(rows, r).contiguous()
+    return b
+
+
+def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: str, prompt: int = ACTOR_PROMPT,
+                profile: bool = False, accum: int = 1) -> dict:
+    """One optimizer step of the actor the training loops run (`Actor.update`: the policy loss of
+    `trainer/algorithms`, log-probs through the chunked LM head, gradient clipping) on `accum`
+    micro-batches of `batch` rows: `backend="fsdp2"` is transformers' model (grouped_mm experts) under
+    `actor.mixed_precision: bf16_params` (bf16 params, fp32 masters and grad accumulation, fused AdamW),
+    `"megatron"` the `MegatronActor` with megatron's DDP and distributed optimizer (fp32 masters)."""
+    from trainer.backends.actor import Actor
+
+    cfg = ActorConfig(lr=1e-5, ppo_mini_batch_size=batch * accum, ppo_micro_batch_size_per_gpu=batch, grad_clip=1.0,
+                      mixed_precision="bf16_params" if backend == "fsdp2" else "none")
+    torch.manual_seed(0)
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke test of the code path
+    if backend == "fsdp2":
+        from transformers import AutoModelForCausalLM
+
+        with dev:
+            model = AutoModelForCausalLM.from_config(c, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                                     experts_implementation="grouped_mm")
+        actor = Actor(model, cfg, temperature=1.0, max_response_length=seq - prompt, device=dev)
+        info = {"experts_implementation": model.config._experts_implementation}
+    else:
+        from megatron.core import parallel_state as ps
+
+        from trainer.backends.megatron import MegatronActor, build_bridge, build_gpt_model, init_parallel
+        from trainer.backends.megatron_gpu import use_megatron_optimizer
+
+        init_parallel(1, 1, seed=0)
+        bridge = build_bridge(c, dtype=torch.bfloat16, use_cpu_initialization=dev.type == "cpu")
+        model = build_gpt_model(bridge).to(dev).bfloat16()
+        actor = MegatronActor(model, bridge, c, cfg, temperature=1.0, max_response_length=seq - prompt, device=dev)
+        if dev.type == "cuda":  # megatron's DDP and optimizer are CUDA-only; CPU keeps the actor's torch AdamW
+            use_megatron_optimizer(actor)
+        info = {"dispatcher": bridge.config.moe_token_dispatcher_type,
+                "optimizer": type(actor.megatron_optimizer or actor.optimizer).__name__}
+    b = rl_batch(c, batch * accum, seq, prompt)
+    last: dict = {}
+
+    def step():
+        last.update(actor.update(b, 1, reuse_forward_as_old=True))
+
+    s = _timed(step, warmup, steps)
+    out = {"seconds": s, "backend": backend, "prompt_tokens": prompt, "grad_norm": last.get("actor/grad_norm"),
+           "perf_mfu_actor": last.get("perf/mfu/actor"), **info}
+    if profile:
+        out["profile"] = _profile(step)
+    if backend == "megatron":
+        ps.destroy_model_parallel()
+    return out
+
+
 def _profile(step, rows: int = 30) -> list[dict]:
     """One profiled step: the CUDA kernels that took the most device time (printed and returned)."""
     from torch.profiler import ProfilerActivity
@@ -251,6 +331,8 @@ VARIANTS = {
     "megatron allgather": (bench_megatron, {"dispatcher": "allgather"}),
     "megatron unfused attention": (bench_megatron, {"sdpa_attention": False}),
     "megatron moe_grouped_gemm": (bench_megatron, {"grouped_experts": False}),
+    "fsdp2 actor": (bench_actor, {"backend": "fsdp2"}),
+    "megatron actor": (bench_actor, {"backend": "megatron"}),
 }
 
 
@@ -258,14 +340,15 @@ def bench(layers: int, batch: int, seq: int, peak: float, warmup: int, steps: in
           profile: list[str], accum: int = 1) -> list[dict]:
     """Each variant with `accum` micro-batches of `batch x seq` tokens per optimizer step."""
     c = qwen3_30b_a3b(layers)
-    flops = accum * active_flops(c, batch, seq)
     rows = []
     for name in variants:
+        fn, kw = VARIANTS[name]
+        # an actor's LM head sees the response tokens only
+        flops = accum * active_flops(c, batch, seq, seq - ACTOR_PROMPT if fn is bench_actor else None)
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
         try:
-            fn, kw = VARIANTS[name]
             r = fn(c, batch, seq, warmup=warmup, steps=steps, profile=name in profile, accum=accum, **kw)
             r.update(name=name, accum=accum, tok_s=accum * batch * seq / r["seconds"], mfu_active=flops / r["seconds"] / (peak * 1e12),
                      peak_mem_gib=torch.cuda.max_memory_allocated() / 2**30)
