@@ -1,5 +1,6 @@
 """`actor.strategy: megatron` through the colocated loop: it trains, and a run stopped after a
-checkpoint and resumed logs exactly what an uninterrupted run logs. Needs megatron-core + mbridge."""
+checkpoint and resumed logs exactly what an uninterrupted run logs (qwen2; qwen3_moe with the router
+load-balancing loss 0.01 and the actor/moe/* metrics). Needs megatron-core + mbridge."""
 
 from __future__ import annotations
 
@@ -24,13 +25,16 @@ def _numbers(line: dict) -> dict:
 def test_megatron_resume_reproduces_uninterrupted_run(tmp_path, arch):
     sections = {"model": {"path": f"tiny:{arch}"}, "trainer": {"total_steps": 4, "save_freq": 2, "test_freq": 2},
                 "actor": {"ppo_mini_batch_size": 2, "strategy": "megatron",
-                          "entropy_coeff": 0.01}}  # a gradient even when every reward is equal
+                          "entropy_coeff": 0.01,  # a gradient even when every reward is equal
+                          "moe_aux_loss_coeff": 0.01 if "moe" in arch else 0.0}}  # megatron's aux loss, actor/moe/*
     full = read_metrics(train(load_config(tiny_config(str(tmp_path / "full"), **sections))))
     part_dir = str(tmp_path / "part")
     train(load_config(tiny_config(part_dir, **sections), ["trainer.total_steps=2"]))  # "killed" after step 2
     resumed = read_metrics(train(load_config(tiny_config(part_dir, **sections))))
     assert [ln["step"] for ln in resumed] == [0, 1, 2, 3, 4]
     assert all(ln["data"]["actor/grad_norm"] > 0 for ln in full if ln["step"] > 0)  # optimizer state matters
+    if "moe" in arch:  # the router statistics of the Megatron path are logged (and resume like the rest)
+        assert "actor/moe/load_balancing_loss" in full[-1]["data"]
     for a, b in zip(full, resumed):
         na, nb = _numbers(a), _numbers(b)
         assert na.keys() == nb.keys()

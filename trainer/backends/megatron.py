@@ -26,6 +26,11 @@ Log-probs: the decoder's final hidden states of the response positions go throug
 chunked LM-head function (`trainer/ops/logprobs.py`, the FSDP2 backend's), with the output layer's
 weight (TP shards gathered), so no `[N, T, V]` logits are materialized.
 
+MoE: the router load-balancing loss (`actor.moe_aux_loss_coeff`) is megatron-core's own
+(`moe_router_load_balancing_type: aux_loss`), given the padding mask and its gradient scaled to each
+micro-batch's share of the mini-batch's response tokens, so the same coefficient takes the FSDP2
+path's update; the `actor/moe/*` metrics come from megatron's routers (`trainer/backends/megatron_moe.py`).
+
 Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), expert (`expert_model_parallel_size`);
 data parallel over the remaining ranks. The ranks are the Ray trainer workers (colocated with
 `trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
@@ -117,10 +122,6 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
     if cfg.critic.enable:
         raise ConfigError("critic.enable: the critic is not built for actor.strategy=megatron (fix: turn it off, or "
                           "actor.strategy=fsdp2)")
-    if a.moe_aux_loss_coeff > 0:
-        raise ConfigError(f"actor.moe_aux_loss_coeff={a.moe_aux_loss_coeff}: megatron's load-balancing loss is not "
-                          f"scaled to this trainer's loss normalization yet, and actor/moe/* metrics come from the "
-                          f"FSDP2 path only (fix: set it to 0 with actor.strategy=megatron, or use actor.strategy=fsdp2)")
     if cfg.rollout.engine not in ("hf", "static"):
         raise ConfigError(f"rollout.engine={cfg.rollout.engine}: actor.strategy=megatron's weight export has run into "
                           f"the hf and static engines only (fix: rollout.engine=hf, or actor.strategy=fsdp2)")
@@ -198,7 +199,8 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
         extra.update(moe_token_dispatcher_type="alltoall" if cuda else "allgather", moe_grouped_gemm=False,
                      moe_router_pre_softmax=False,  # top-k of the logits, then softmax: HF's normalized top-k
                      moe_router_load_balancing_type="aux_loss" if moe_aux_loss_coeff > 0 else "none",
-                     moe_aux_loss_coeff=moe_aux_loss_coeff)
+                     moe_aux_loss_coeff=moe_aux_loss_coeff,
+                     calculate_per_token_loss=False)  # the aux loss's scale is set per micro-batch (megatron_moe.py)
         if getattr(hf_config, "norm_topk_prob", True) is False:
             extra["moe_router_pre_softmax"] = True  # softmax over all experts, top-k not renormalized
     extra.update(overrides)
@@ -424,7 +426,15 @@ class MegatronActor(Actor):
         self.megatron_optimizer = None
         self.master = None
         self.compile_backend = None
-        self.router = None  # router statistics: megatron's own (config.moe_aux_loss_coeff) where on
+        self.router = None  # MoE: router statistics (actor/moe/*); the aux loss is megatron's own
+        self._mini_batch_tokens: float | None = None  # response tokens of the mini-batch being updated
+        if bridge.config.num_moe_experts:
+            from trainer.backends.megatron_moe import MegatronRouterRecorder
+
+            self.router = MegatronRouterRecorder(self.gpt)
+        elif cfg.moe_aux_loss_coeff > 0:
+            raise ConfigError(f"actor.moe_aux_loss_coeff={cfg.moe_aux_loss_coeff}: the model is not a mixture of "
+                              f"experts, so there is no router to balance (fix: set it to 0, or train an MoE model)")
         self.hf_order: list[str] | None = None  # the HF model's parameter names, in order (from_hf)
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
                                            betas=cfg.betas, weight_decay=cfg.weight_decay,
@@ -459,9 +469,20 @@ class MegatronActor(Actor):
         t = ids.shape[1]
         pos = torch.arange(t, device=ids.device)[None].expand_as(ids)
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True: masked
+        kw = {}
+        if self.router is not None:  # MoE: the padding (after each row's real tokens) left out of the router's
+            # load-balancing loss; its gradient scaled to this micro-batch's token share (megatron_moe.py)
+            kw["padding_mask"] = torch.arange(t, device=ids.device)[None] >= micro.attention_mask.sum(-1)[:, None]
+            if self.cfg.moe_aux_loss_coeff > 0 and self.model.training and torch.is_grad_enabled():
+                from trainer.backends.megatron_moe import set_aux_loss_scale
+
+                if self._mini_batch_tokens is None:
+                    raise RuntimeError("MegatronActor: the mini-batch's token count is not known before its "
+                                       "micro-batches (all_reduce_sum of global_counts)")
+                set_aux_loss_scale(float(micro.response_mask.sum()) / self._mini_batch_tokens, ids.device)
         self.gpt.post_process = False  # the decoder's output (final norm applied), no [N, T, V] logits
         try:
-            hidden = self.model(ids, pos, causal).transpose(0, 1)  # [N, T, H]
+            hidden = self.model(ids, pos, causal, **kw).transpose(0, 1)  # [N, T, H]
         finally:
             self.gpt.post_process = True
         r = index.shape[1]
@@ -477,14 +498,18 @@ class MegatronActor(Actor):
         return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
 
     def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum over the data-parallel group. The update loop sums each mini-batch's `global_counts` here
+        before its micro-batches: the response-token count is kept for the aux loss's scale."""
         from megatron.core import parallel_state as ps
 
         group = ps.get_data_parallel_group()
-        if dist.get_world_size(group) == 1:
-            return values
-        t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, group=group)
-        return dict(zip(values, t.tolist()))
+        if dist.get_world_size(group) > 1:
+            t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
+            dist.all_reduce(t, group=group)
+            values = dict(zip(values, t.tolist()))
+        if "global_num_tokens" in values:
+            self._mini_batch_tokens = max(values["global_num_tokens"], 1.0)  # as the update loop's n_tok
+        return values
 
     def finish_grads_and_clip(self) -> torch.Tensor:
         """Sum gradients over the data-parallel groups (dense: DP, experts: expert-DP), then the global
