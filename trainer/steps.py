@@ -239,8 +239,9 @@ def _groups_in_order(group_index: torch.Tensor) -> torch.Tensor:
 
 def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
     """`num_turns/mean|max|min`, `agent/tool_calls/mean`, `agent/tool_call_ratio`, `agent/tool_errors/mean`,
-    `agent/tool_errors/total`, `agent/tool_seconds/mean`, `agent/tool_overlap_ratio` (share of tool run
-    time hidden behind other samples' decoding) and `timing_s/tool` (generation's wall time blocked on
+    `agent/tool_errors/total`, `agent/tool_error_ratio` (errored calls / calls, 0 with no call),
+    `agent/tool_seconds/mean`, `agent/tool_overlap_ratio` (share of tool run time hidden behind other
+    samples' decoding) and `timing_s/tool` (generation's wall time blocked on
     tools) of a multi-turn batch ({} otherwise)."""
     if "num_turns" not in batch.meta:
         return {}
@@ -251,6 +252,7 @@ def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
             f"{prefix}num_turns/min": float(turns.min()), f"{prefix}agent/tool_calls/mean": float(calls.mean()),
             f"{prefix}agent/tool_call_ratio": float((calls > 0).float().mean()),
             f"{prefix}agent/tool_errors/mean": float(errors.mean()), f"{prefix}agent/tool_errors/total": float(errors.sum()),
+            f"{prefix}agent/tool_error_ratio": float(errors.sum()) / max(1.0, float(calls.sum())),
             f"{prefix}agent/tool_seconds/mean": float(sum(batch.meta.get("tool_s", [0.0])) / max(1, float(calls.sum()))),
             f"{prefix}agent/tool_overlap_ratio": min(1.0, float(sum(batch.meta.get("tool_overlap_s", [0.0])))
                                                      / max(1e-9, float(sum(batch.meta.get("tool_s", [0.0]))))),

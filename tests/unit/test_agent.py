@@ -262,6 +262,7 @@ def test_sandbox_layers_in_env_json_and_turn_metrics(tmp_path, tok) -> None:
     batch.meta = {k: [st[k] for st in out.turn_stats] for k in out.turn_stats[0]}
     m = turn_metrics(batch)
     assert m["agent/tool_errors/total"] == 1 and m["agent/tool_calls/mean"] == 1
+    assert m["agent/tool_error_ratio"] == 0.5  # 1 of the 2 calls failed: a per-call rate, not a count
     assert 0.25 <= m["timing_s/tool"] and 0.15 <= m["agent/tool_seconds/mean"] <= m["timing_s/tool"]
 
 
