@@ -96,6 +96,14 @@ def test_recorded_loss_is_megatrons_tracked_loss():
     assert _tracked_load_balancing_loss().abs().max() == 0  # cleared by pop
 
 
+def test_aux_loss_on_a_dense_model_is_refused():
+    from trainer.backends.megatron import MegatronActor
+    from trainer.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^actor\.moe_aux_loss_coeff=0\.01: the model is not a mixture of experts"):
+        MegatronActor.from_hf(_hf("qwen3"), _cfg(0.01), temperature=1.0, max_response_length=R, device=CPU)
+
+
 def _tracked_load_balancing_loss() -> torch.Tensor | None:
     """megatron-core's tracked per-layer `load_balancing_loss` (0.16: the dict tracker; 0.19: the tracker object)."""
     try:
