@@ -15,19 +15,17 @@ full-sequence forward runs.
 LM head (`lm_head_logprobs`): one autograd function over response positions only (hidden states
 at columns P-1 .. P+R-2), looping over chunks of `chunk_size` tokens so that no more than one
 chunk of `[chunk, V]` logits is alive. Forward keeps only the per-token `lse` and `H`; backward
-recomputes the logits (one matmul) and writes the logit gradient in closed form instead of
-replaying the autograd graph of log_softmax / gather / exp / sum:
+recomputes each chunk's logits (one matmul) and writes the logit gradient in closed form
+instead of replaying the autograd graph of log_softmax / gather / exp / sum:
 
     p = softmax(z),  logp = z - lse
     d logp_t / d z   = onehot(t) - p
     d H / d z        = -p * (logp + H)            (since dH/dz_k = -p_k (z_k - E_p[z]), E_p[z] = lse - H)
     d loss / d logits = (g_logp * (onehot(t) - p) - g_H * p * (logp + H)) / temperature
 
-Backward walks the vocabulary in slices of about `chunk_size x V / M` columns (the same number of
-logits alive as forward's token chunks), each slice's logits for all M tokens at once: the logit
-gradient is cast once to the matmul dtype, the weight gradient of a slice is one whole matmul
-(fp32 accumulation inside it, one rounding, no `[V, H]` accumulation pass per chunk), and the
-hidden-state gradient sums the slices' `[M, H]` products in fp32. An entropy that receives no gradient (it is only a metric when `entropy_coeff` is 0)
+The gradient of the logits is cast once to the matmul dtype; the weight gradient is summed over
+chunks in fp32 and cast once at the end (the autocast path summed bf16 per-chunk products in
+fp32 too). An entropy that receives no gradient (it is only a metric when `entropy_coeff` is 0)
 costs nothing in backward. The matmuls run in the autocast dtype when autocast is on (fp32
 weights are cast once per call), else in the weight's dtype; softmax statistics are fp32.
 
@@ -35,8 +33,7 @@ Compiled mode (`compiled=True`, `actor.compile`): the per-chunk math runs throug
 `torch.compile(dynamic=False)` functions, `_chunk_stats` (matmul, then lse / target log-prob /
 entropy read straight from the bf16 logits, no fp32 `[C, V]` copy) and `_chunk_dlogits` (matmul,
 then the closed-form logit gradient above in one fused pass that writes the bf16 `d logits`; the
-onehot term is a compare against the column index, not a scatter; backward keeps forward's token
-chunks and sums the weight gradient over them in fp32). Each chunk's rows are padded
+onehot term is a compare against the column index, not a scatter). Each chunk's rows are padded
 up to a multiple of `ROW_MULTIPLE` (the last chunk only) with zero hidden states and zero
 incoming gradient, so their logit gradient is exactly zero and a fixed, small set of shapes is
 compiled. The decoder's sequence width is right-padded to a multiple of `SEQ_MULTIPLE` (right
@@ -189,10 +186,10 @@ class _LMHeadLogprobs(torch.autograd.Function):
         g_h = (g_ent.float() / t) if g_ent is not None else None  # [M]
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         need_b = bias is not None and ctx.needs_input_grad[2]
+        dh = torch.empty_like(h) if need_h else None  # [M, H]
+        dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # [V, H] fp32 sum
         db = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None  # [V]
-        if ctx.compile_backend is not None:  # token chunks of fixed shapes; the weight gradient summed in fp32
-            dh = torch.empty_like(h) if need_h else None  # [M, H]
-            dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # [V, H]
+        if ctx.compile_backend is not None:
             _, dlogits = compiled_chunk_fns(ctx.compile_backend)
             h, w, lse, ent = h.detach(), w.detach(), lse.detach(), ent.detach()
             for i in range(0, m, c):
@@ -206,37 +203,27 @@ class _LMHeadLogprobs(torch.autograd.Function):
                 del d_logits
             return (dh.to(ctx.hidden_dtype) if need_h else None, dw.to(ctx.weight_dtype) if need_w else None,
                     db.to(bias.dtype) if need_b else None, None, None, None, None, None, None)
-        # eager backward: over vocabulary slices of about c * V / M columns (so about c x V logits are alive,
-        # as in forward), each slice's logits for all M rows at once; dW of a slice is then one whole matmul
-        # (no [V, H] accumulation pass per chunk) and dh sums the slices' [M, H] products in fp32
-        v = w.shape[0]
-        vc = max(1, (c * v) // max(m, 1))
-        dh = torch.zeros(h.shape, dtype=torch.float32, device=h.device) if need_h else None  # [M, H]
-        dw = torch.empty(w.shape, dtype=ctx.weight_dtype, device=w.device) if need_w else None  # [V, H]
-        for j in range(0, v, vc):
-            ws = w[j:j + vc]  # [Vc, H]
-            z = _chunk_logits(h, ws, None if bias is None else bias[j:j + vc], t)  # [M, Vc]
-            z.sub_(lse[:, None])  # logp
-            p = z.exp()  # [M, Vc]
+        rows = torch.arange(min(c, m), device=h.device)
+        for i in range(0, m, c):
+            hc = h[i:i + c]
+            z = _chunk_logits(hc, w, bias, t)  # [C, V]
+            z.sub_(lse[i:i + c, None])  # logp
+            p = z.exp()  # [C, V]
             if g_h is not None:
                 # coefficient -(g_H (logp + H) + g_logp), then times p
-                z.add_(ent[:, None]).mul_(-g_h[:, None]).sub_(g_lp[:, None])
+                z.add_(ent[i:i + c, None]).mul_(-g_h[i:i + c, None]).sub_(g_lp[i:i + c, None])
                 p.mul_(z)
             else:
-                p.mul_(-g_lp[:, None])
+                p.mul_(-g_lp[i:i + c, None])
             del z
-            hit = ((targets >= j) & (targets < j + ws.shape[0])).nonzero().squeeze(-1)  # rows whose target is here
-            p[hit, targets[hit] - j] += g_lp[hit]  # the onehot(t) term
-            d_logits = p.to(w.dtype)  # [M, Vc]
+            n = hc.shape[0]
+            p[rows[:n], targets[i:i + c]] += g_lp[i:i + c]  # the onehot(t) term
+            d_logits = p.to(w.dtype)  # [C, V]
             del p
-            if need_h:
-                dh += (d_logits @ ws).float()
-            if need_w:
-                dw[j:j + vc] = d_logits.t() @ h
-            if need_b:
-                db[j:j + vc] = d_logits.float().sum(0)
+            _accumulate_chunk_grads(d_logits, hc, w, dh[i:i + c] if need_h else None, dw, db)
             del d_logits
         dh = dh.to(ctx.hidden_dtype) if need_h else None
+        dw = dw.to(ctx.weight_dtype) if need_w else None
         db = db.to(bias.dtype) if need_b else None
         return dh, dw, db, None, None, None, None, None, None
 
