@@ -107,3 +107,19 @@ def test_tool_call_ratio_counts_trajectories_with_a_call():
             "tool_s": [0.0] * 4, "tool_wall_s": [0.0] * 4}
     m = turn_metrics(SimpleNamespace(meta=meta))
     assert m["agent/tool_call_ratio"] == 0.5 and m["agent/tool_calls/mean"] == 0.75 and m["num_turns/mean"] == 3.0
+
+
+def test_tool_first_prob_batched_equals_one_prompt_at_a_time():
+    from trainer.agent.tool_call import TOOL_CALL_OPEN
+    from trainer.models import load_model_and_tokenizer
+    from trainer.warm_start import tool_first_prob
+
+    model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:llama"), seed=0)
+    prompts = [list(r.prompt_ids) for r in tool_trace_examples(tok, num=5, difficulty="hard", tool_fraction=0.5,
+                                                               seed=0)[1]]
+    prompts[0] = prompts[0][:-3]  # lengths differ, so the batch pads
+    first = tok.encode(TOOL_CALL_OPEN, add_special_tokens=False)[0]
+    with torch.no_grad():
+        one = [float(torch.softmax(model(input_ids=torch.tensor([p])).logits[0, -1].float(), -1)[first]) for p in prompts]
+    assert tool_first_prob(model, tok, prompts) == pytest.approx(sum(one) / len(one), rel=1e-4)
+    assert tool_first_prob(model, tok, []) == 0.0
