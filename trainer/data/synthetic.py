@@ -204,7 +204,8 @@ class SyntheticSpec:
 
 def parse_spec(spec: str) -> SyntheticSpec:
     """Parse a synthetic data spec; DataError naming the spec and the fix when malformed."""
-    fix = "(fix: write synthetic:<arithmetic|geometry>-<easy|medium|hard>[?num=N&seed=S&split=train|val])"
+    fix = ("(fix: write synthetic:<arithmetic|geometry>-<easy|medium|hard>[?num=N&seed=S&split=train|val], "
+           "or synthetic:geometry-count)")
     if not spec.startswith(SPEC_PREFIX):
         raise DataError(f"not a synthetic data spec: {spec!r} {fix}")
     body, _, query = spec[len(SPEC_PREFIX):].partition("?")
@@ -212,7 +213,8 @@ def parse_spec(spec: str) -> SyntheticSpec:
     if task not in TASKS:
         raise DataError(f"unknown synthetic task {task!r} in {spec!r} {fix}")
     try:
-        difficulty = resolve_difficulty(int(difficulty) if difficulty.isdigit() else difficulty)
+        if not (task == "geometry" and difficulty == "count"):  # geometry's extra level (synthetic_geometry.py)
+            difficulty = resolve_difficulty(int(difficulty) if difficulty.isdigit() else difficulty)
     except ValueError:
         raise DataError(f"unknown difficulty {difficulty!r} in {spec!r} {fix}") from None
     params = dict(parse_qsl(query, keep_blank_values=True))

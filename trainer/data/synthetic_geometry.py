@@ -10,6 +10,7 @@ so 6 x 6 cells), drawn with Pillow:
 
 | level | name | figure | question | answers |
 |---|---|---|---|---|
+| 0 | count | 1-4 filled black cells at distinct places | how many black squares are there? | 1..4 |
 | 1 | easy | a horizontal or vertical black segment 1-5 cells long | how many cells long is the segment? | 1..5 |
 | 2 | medium | a filled black rectangle, width and height 1-4 cells | how many cells does the rectangle cover? | 1..16 |
 | 3 | hard | a ray from the image centre at a multiple of 45 degrees | what angle does it make with the ray pointing right, counter-clockwise? | 0..315 |
@@ -19,6 +20,12 @@ A row is verl's multimodal format (`trainer.data.multimodal`): one user message 
 ``synthetic/geometry`` (scored by `trainer.rewards.arithmetic`: the last number in the response),
 extra_info with the figure's parameters. The answer can only be read from the image: the text of
 every question of a level is the same.
+
+``count`` (``synthetic:geometry-count``) is the easiest level, made for a model that learns to
+see from scratch (the cpu-vlm profile's warm start, `trainer/warm_start_vlm.py`): the answer is
+the figure's amount of black, which the tiny vision tower's 9 merged tokens carry even when it
+cannot locate a segment's ends. Its 4 classes are balanced (36 figures each: every single cell,
+and 36 seeded sets of 2, 3, 4 cells), so always giving one answer scores 0.25.
 
 Train/validation split: every figure (its parameters) belongs to one split by a hash (~20% val),
 so the two never share a figure; within a split figures are drawn without repetition and then
@@ -34,14 +41,16 @@ import zlib
 from typing import Any
 
 from trainer.data.multimodal import IMAGE_PLACEHOLDER, png_bytes
-from trainer.data.synthetic import DIFFICULTIES, VAL_PERCENT, resolve_difficulty, write_splits
+from trainer.data.synthetic import VAL_PERCENT, resolve_difficulty, write_splits
 
 DATA_SOURCE = "synthetic/geometry"
 SIZE = 48
 CELL = 8
 NUM_CELLS = SIZE // CELL
 
+LEVELS = ("count", "easy", "medium", "hard")  # geometry's levels: the shared three plus count
 QUESTIONS = {
+    "count": "How many black squares?",
     "easy": "How many grid cells long is the black segment? Answer with just the number.",
     "medium": "How many grid cells does the black rectangle cover? Answer with just the number.",
     "hard": "What angle in degrees does the black ray make with a ray pointing right, measured counter-clockwise? "
@@ -53,6 +62,16 @@ Figure = tuple[int, ...]
 
 def _figures(difficulty: str) -> list[Figure]:
     """Every figure of a level as a parameter tuple."""
+    if difficulty == "count":  # (k, cell indices in 0..35): k filled cells at distinct places
+        cells = range(NUM_CELLS * NUM_CELLS)
+        rng = random.Random("geometry/count")
+        figs = [(1, c) for c in cells]
+        for k in (2, 3, 4):
+            seen: set[Figure] = set()
+            while len(seen) < len(cells):
+                seen.add((k, *sorted(rng.sample(cells, k))))
+            figs += sorted(seen)
+        return figs
     if difficulty == "easy":  # (orientation, length, x0, y0): segment along a grid line
         return [(o, n, x, y) for o in (0, 1) for n in range(1, NUM_CELLS) for x in range(0, NUM_CELLS - n + 1)
                 for y in range(1, NUM_CELLS)]
@@ -63,6 +82,8 @@ def _figures(difficulty: str) -> list[Figure]:
 
 
 def answer_of(difficulty: str, fig: Figure) -> int:
+    if difficulty == "count":
+        return fig[0]
     if difficulty == "easy":
         return fig[1]
     if difficulty == "medium":
@@ -79,7 +100,11 @@ def render(difficulty: str, fig: Figure) -> Any:
     for k in range(0, SIZE + 1, CELL):  # light grid
         draw.line([(k, 0), (k, SIZE)], fill=(200, 200, 200))
         draw.line([(0, k), (SIZE, k)], fill=(200, 200, 200))
-    if difficulty == "easy":
+    if difficulty == "count":
+        for c in fig[1:]:
+            x, y = c % NUM_CELLS, c // NUM_CELLS
+            draw.rectangle([x * CELL, y * CELL, (x + 1) * CELL - 1, (y + 1) * CELL - 1], fill=(0, 0, 0))
+    elif difficulty == "easy":
         o, n, x, y = fig
         if o == 0:
             draw.line([(x * CELL, y * CELL), ((x + n) * CELL, y * CELL)], fill=(0, 0, 0), width=3)
@@ -99,6 +124,13 @@ def render(difficulty: str, fig: Figure) -> Any:
     return img
 
 
+def resolve_level(difficulty: str | int) -> str:
+    """A geometry level: 'count' (or 0), or one of the shared easy/medium/hard (1-3)."""
+    if difficulty in ("count", 0):
+        return "count"
+    return resolve_difficulty(difficulty)
+
+
 def split_of(difficulty: str, fig: Figure) -> str:
     return "val" if zlib.crc32(f"geometry/{difficulty}/{fig}".encode()) % 100 < VAL_PERCENT else "train"
 
@@ -109,7 +141,7 @@ def make_geometry_rows(num: int, *, difficulty: str | int, seed: int, split: str
         raise ValueError(f"num must be >= 0, got {num}")
     if split not in (None, "train", "val"):
         raise ValueError(f"split must be 'train', 'val' or None, got {split!r}")
-    name = resolve_difficulty(difficulty)
+    name = resolve_level(difficulty)
     pool = [f for f in _figures(name) if split is None or split_of(name, f) == split]
     rng = random.Random(f"geometry/{name}/{split}/{seed}")
     figs: list[Figure] = []
@@ -132,7 +164,7 @@ def make_geometry_rows(num: int, *, difficulty: str | int, seed: int, split: str
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.data.synthetic_geometry", description=__doc__.split("\n")[0])
-    parser.add_argument("--difficulty", default="easy", help=" | ".join(DIFFICULTIES) + " (or 1 | 2 | 3)")
+    parser.add_argument("--difficulty", default="easy", help=" | ".join(LEVELS) + " (or 0 | 1 | 2 | 3)")
     parser.add_argument("--num-train", type=int, default=512)
     parser.add_argument("--num-val", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
