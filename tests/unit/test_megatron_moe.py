@@ -84,7 +84,7 @@ def test_recorded_loss_is_megatrons_tracked_loss():
 
     meg = _megatron("qwen3_moe", 0.01)
     micro = _batch().chunks(2)[0]
-    meg.all_reduce_sum(global_counts(micro.response_mask))
+    meg.begin_mini_batch(global_counts(micro.response_mask))
     meg.model.train()
     with meg.router.capture():
         meg._logprobs(micro, with_entropy=True)

@@ -190,6 +190,7 @@ class Actor:
         for _ in range(cfg.ppo_epochs):
             for mini in batch.chunks(mini_size):
                 counts = self.all_reduce_sum(global_counts(mini.response_mask))
+                self.begin_mini_batch(counts)
                 agg_kw = dict(horizon=self.max_response_length, **counts)
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.master is not None:
@@ -274,6 +275,11 @@ class Actor:
         return out
 
     # ------------------------------------------------------------------ backend hooks (trainer/backends/megatron.py)
+    def begin_mini_batch(self, counts: dict[str, float]) -> None:
+        """Called by `update` with a mini-batch's token counts (`global_counts`, summed over the data-parallel
+        ranks) before its micro-batches. Nothing to do here; a backend that scales a per-micro-batch term by
+        them keeps them (`MegatronActor`: megatron's aux loss)."""
+
     def data_parallel(self) -> tuple[int, int]:
         """(rank, size) of this worker in the data-parallel group: which piece of each batch it trains on."""
         return dp_world()

@@ -478,7 +478,7 @@ class MegatronActor(Actor):
 
                 if self._mini_batch_tokens is None:
                     raise RuntimeError("MegatronActor: the mini-batch's token count is not known before its "
-                                       "micro-batches (all_reduce_sum of global_counts)")
+                                       "micro-batches (begin_mini_batch was not called)")
                 set_aux_loss_scale(float(micro.response_mask.sum()) / self._mini_batch_tokens, ids.device)
         self.gpt.post_process = False  # the decoder's output (final norm applied), no [N, T, V] logits
         try:
@@ -498,18 +498,18 @@ class MegatronActor(Actor):
         return ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
 
     def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
-        """Sum over the data-parallel group. The update loop sums each mini-batch's `global_counts` here
-        before its micro-batches: the response-token count is kept for the aux loss's scale."""
         from megatron.core import parallel_state as ps
 
         group = ps.get_data_parallel_group()
-        if dist.get_world_size(group) > 1:
-            t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
-            dist.all_reduce(t, group=group)
-            values = dict(zip(values, t.tolist()))
-        if "global_num_tokens" in values:
-            self._mini_batch_tokens = max(values["global_num_tokens"], 1.0)  # as the update loop's n_tok
-        return values
+        if dist.get_world_size(group) == 1:
+            return values
+        t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=group)
+        return dict(zip(values, t.tolist()))
+
+    def begin_mini_batch(self, counts: dict[str, float]) -> None:
+        """The mini-batch's response tokens (over all DP ranks), for the aux loss's per-micro-batch scale."""
+        self._mini_batch_tokens = max(counts["global_num_tokens"], 1.0)  # as the update loop's n_tok
 
     def finish_grads_and_clip(self) -> torch.Tensor:
         """Sum gradients over the data-parallel groups (dense: DP, experts: expert-DP), then the global
