@@ -124,7 +124,10 @@ def _accumulate_chunk_grads(d_logits: torch.Tensor, hc: torch.Tensor, w: torch.T
     if dh_rows is not None:
         dh_rows.copy_(d_logits @ w)
     if dw is not None:
-        dw += d_logits.t() @ hc
+        if dw.is_cuda and d_logits.dtype != dw.dtype:  # cuBLAS adds the bf16 product into the fp32 sum itself
+            torch.addmm(dw, d_logits.t(), hc, out_dtype=dw.dtype, out=dw)
+        else:
+            dw += d_logits.t() @ hc
     if db is not None:
         db += d_logits.float().sum(0)
 
