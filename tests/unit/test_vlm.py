@@ -129,12 +129,15 @@ def test_vision_tower_frozen_or_trained_and_synced_by_config(freeze):
 def test_unsupported_paths_are_one_line_errors():
     base = {"model": {"path": "tiny:qwen2.5-vl"}, "data": {"train_files": "synthetic:geometry-easy"}}
     check_multimodal_support(load_config(base))  # the colocated hf loop is supported
-    for ok in (["rollout.engine=vllm"], ["trainer.use_ray=true"], ["trainer.mode=fully_async", "async.partial_rollout=false"]):
-        check_multimodal_support(load_config(base, ok))
+    fa = ["trainer.mode=fully_async", "async.partial_rollout=false"]
+    for ok in (["rollout.engine=vllm"], ["trainer.use_ray=true"], fa, [*fa, "trainer.n_gpus_per_node=2"]):
+        check_multimodal_support(load_config(base, ok))  # fully-async: 1 rollout + 1 trainer device is supported
     for override, field in [("rollout.engine=static", "rollout.engine"), ("trainer.mode=fully_async", "async.partial_rollout"),
-                            ("trainer.n_gpus_per_node=2", "trainer.n_gpus_per_node"), ("actor.compile=true", "actor.compile")]:
+                            ("trainer.n_gpus_per_node=2", "trainer.n_gpus_per_node"), ("actor.compile=true", "actor.compile"),
+                            ((*fa, "trainer.n_gpus_per_node=3", "async.train_gpus=2"), "async.train_gpus")]:
+        overrides = list(override) if isinstance(override, tuple) else [override]
         with pytest.raises(ConfigError, match=f"^{field}=.*not supported with a vision-language model.path") as err:
-            check_multimodal_support(load_config(base, [override]))
+            check_multimodal_support(load_config(base, overrides))
         assert "\n" not in str(err.value) and "fix: set " + field in str(err.value)
     with pytest.raises(ConfigError, match="trainer.log_val_generations=2: validation samples are written by the single"):
         load_config(base, ["trainer.log_val_generations=2", "trainer.mode=fully_async"])
@@ -148,10 +151,12 @@ def test_warm_start_names_parse_and_bad_ones_are_one_line_errors():
     from trainer.models_vlm import is_tiny_vlm, model_is_vlm
     from trainer.warm_start_vlm import parse_name
 
-    assert parse_name("qwen2.5-vl+sft-geometry-easy-40") == ("qwen2.5-vl", "geometry-easy", 40)
+    assert parse_name("qwen2.5-vl+sft-geometry-easy-40") == ("qwen2.5-vl", "geometry-easy", 40, None)
+    assert parse_name("qwen2.5-vl+sft-geometry-count-600-to50") == ("qwen2.5-vl", "geometry-count", 600, 50)
     assert is_tiny_vlm("qwen2.5-vl+sft-geometry-easy-40") and model_is_vlm("tiny:qwen2.5-vl+sft-geometry-hard-5")
     assert not model_is_vlm("tiny:qwen2")
-    for bad in ("qwen2.5-vl+sft-geometry-easy", "qwen2.5-vl+sft-arithmetic-easy-10", "qwen2.5-vl+sft-geometry-easy-0"):
+    for bad in ("qwen2.5-vl+sft-geometry-easy", "qwen2.5-vl+sft-arithmetic-easy-10", "qwen2.5-vl+sft-geometry-easy-0",
+                "qwen2.5-vl+sft-geometry-count-600-to0", "qwen2.5-vl+sft-geometry-count-600-tox"):
         with pytest.raises(ModelError, match="fix: write tiny:qwen2.5-vl\\+sft-geometry-<level>-<steps>"):
             parse_name(bad)
 

@@ -10,7 +10,7 @@ so 6 x 6 cells), drawn with Pillow:
 
 | level | name | figure | question | answers |
 |---|---|---|---|---|
-| 0 | count | 1-4 filled black cells at distinct places | how many black squares are there? | 1..4 |
+| 0 | count | 1-4 black 8-px squares, not overlapping, corners on a 4-px lattice | how many black squares? | 1..4 |
 | 1 | easy | a horizontal or vertical black segment 1-5 cells long | how many cells long is the segment? | 1..5 |
 | 2 | medium | a filled black rectangle, width and height 1-4 cells | how many cells does the rectangle cover? | 1..16 |
 | 3 | hard | a ray from the image centre at a multiple of 45 degrees | what angle does it make with the ray pointing right, counter-clockwise? | 0..315 |
@@ -24,8 +24,8 @@ every question of a level is the same.
 ``count`` (``synthetic:geometry-count``) is the easiest level, made for a model that learns to
 see from scratch (the cpu-vlm profile's warm start, `trainer/warm_start_vlm.py`): the answer is
 the figure's amount of black, which the tiny vision tower's 9 merged tokens carry even when it
-cannot locate a segment's ends. Its 4 classes are balanced (36 figures each: every single cell,
-and 36 seeded sets of 2, 3, 4 cells), so always giving one answer scores 0.25.
+cannot locate a segment's ends. Its 4 classes are balanced (121 figures each: every place of
+one square, and 121 seeded sets of 2, 3, 4 places), so always giving one answer scores about 0.25.
 
 Train/validation split: every figure (its parameters) belongs to one split by a hash (~20% val),
 so the two never share a figure; within a split figures are drawn without repetition and then
@@ -58,18 +58,31 @@ QUESTIONS = {
 }
 
 Figure = tuple[int, ...]
+COUNT_STEP = 4  # count: a square's top-left corner lies on a 4-px lattice, so it may straddle cells
+COUNT_STEPS = (SIZE - CELL) // COUNT_STEP + 1  # 11 corner places per axis
+
+
+def _corner(place: int) -> tuple[int, int]:
+    return (place % COUNT_STEPS) * COUNT_STEP, (place // COUNT_STEPS) * COUNT_STEP
+
+
+def _apart(a: int, b: int) -> bool:
+    (xa, ya), (xb, yb) = _corner(a), _corner(b)
+    return abs(xa - xb) >= CELL or abs(ya - yb) >= CELL
 
 
 def _figures(difficulty: str) -> list[Figure]:
     """Every figure of a level as a parameter tuple."""
-    if difficulty == "count":  # (k, cell indices in 0..35): k filled cells at distinct places
-        cells = range(NUM_CELLS * NUM_CELLS)
+    if difficulty == "count":  # (k, square places): k cell-sized squares, none overlapping
+        places = range(COUNT_STEPS * COUNT_STEPS)
         rng = random.Random("geometry/count")
-        figs = [(1, c) for c in cells]
+        figs: list[Figure] = [(1, c) for c in places]
         for k in (2, 3, 4):
             seen: set[Figure] = set()
-            while len(seen) < len(cells):
-                seen.add((k, *sorted(rng.sample(cells, k))))
+            while len(seen) < len(places):
+                pick = sorted(rng.sample(places, k))
+                if all(_apart(a, b) for i, a in enumerate(pick) for b in pick[i + 1:]):
+                    seen.add((k, *pick))
             figs += sorted(seen)
         return figs
     if difficulty == "easy":  # (orientation, length, x0, y0): segment along a grid line
@@ -101,9 +114,9 @@ def render(difficulty: str, fig: Figure) -> Any:
         draw.line([(k, 0), (k, SIZE)], fill=(200, 200, 200))
         draw.line([(0, k), (SIZE, k)], fill=(200, 200, 200))
     if difficulty == "count":
-        for c in fig[1:]:
-            x, y = c % NUM_CELLS, c // NUM_CELLS
-            draw.rectangle([x * CELL, y * CELL, (x + 1) * CELL - 1, (y + 1) * CELL - 1], fill=(0, 0, 0))
+        for place in fig[1:]:
+            x, y = _corner(place)
+            draw.rectangle([x, y, x + CELL - 1, y + CELL - 1], fill=(0, 0, 0))
     elif difficulty == "easy":
         o, n, x, y = fig
         if o == 0:
