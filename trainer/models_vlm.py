@@ -1,4 +1,4 @@
-"""Vision-language policies (Qwen2-VL / Qwen2.5-VL family): build, load, freeze, and one shared forward.
+"""Vision-language policies (Qwen2-VL / Qwen2.5-VL / Qwen3-VL): build, load, freeze, and one shared forward.
 
 `model.path` forms (through `trainer.models.load_model_and_tokenizer`):
 - ``tiny:qwen2.5-vl+sft-geometry-<level>-<steps>``: that model after a brief supervised warm start on
@@ -8,21 +8,30 @@
   plus the Qwen2-VL special tokens ``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``,
   ``<|video_pad|>``, and a `Qwen2VLImageProcessorPil` sized for the synthetic figures
   (48 x 48 px -> a 6 x 6 patch grid -> 9 image tokens after the 2 x 2 merge). No hub, no download;
+- ``tiny:qwen3-vl``: a random-init `Qwen3VLForConditionalGeneration` built the same way (same
+  tokenizer and image processor; 2 vision blocks of width 32 whose outputs both feed deepstack
+  mergers, 3-layer text model of width 64 with interleaved M-RoPE);
 - a local HF folder whose config has a ``vision_config`` (e.g. a Qwen2.5-VL-3B-Instruct checkout):
   `AutoModelForImageTextToText` plus the folder's `preprocessor_config.json`.
 
 `load_vision_processor` gives the `trainer.data.multimodal.VisionProcessor` of a model (None
-for a text-only one). Qwen3-VL and Qwen3.5 feed deepstack features into the decoder; their
-forward is not written here yet and loading one is a `ModelError` naming the model type.
+for a text-only one). Loading another vision-language family (e.g. Qwen3.5) is a `ModelError`
+naming its model type.
 
 The forward (`multimodal_hidden_states`), shared by the hf rollout engine's prefill and the
 trainer's log-prob recomputation so both follow one convention:
 
     embeds = embed_tokens(input_ids)                                   # [B, T, H]
     image  = (input_ids == image_token_id) & (column < image_cols) & attention_mask
-    embeds[image] = visual(pixel_values, image_grid_thw)               # merged patch features, rows in order
+    feats, deepstack = visual(pixel_values, image_grid_thw)           # merged patch features, rows in order
+    embeds[image] = feats
     position_ids = get_rope_index(input_ids, image, image_grid_thw, attention_mask)   # [3, B, T] M-RoPE
-    hidden = language_model(inputs_embeds=embeds, position_ids=position_ids, attention_mask=...)
+    hidden = language_model(inputs_embeds=embeds, position_ids=position_ids, attention_mask=...,
+                            **deepstack)   # Qwen3-VL only: visual_pos_masks=image, deepstack_visual_embeds
+
+Qwen3-VL's tower also returns one feature map per deepstack merger; its text model adds map ``k``
+at the image positions after decoder layer ``k`` (`_visual_features` is the only place the
+families differ). Decode steps carry no image slots, so they take no deepstack features.
 
 ``image_cols`` is the prompt width: an ``<|image_pad|>`` token a policy samples in its response is
 an ordinary text token (its embedding row), never a slot for image features, in both the engine
@@ -44,13 +53,15 @@ import torch
 from trainer.errors import ConfigError, ModelError
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-TINY_VLMS = ("qwen2.5-vl",)
+TINY_VLMS = ("qwen2.5-vl", "qwen3-vl")
+FORWARD_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the families `multimodal_hidden_states` covers
+_TINY_CLASSES = {"qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration", "qwen3-vl": "Qwen3VLForConditionalGeneration"}
 VISION_PREFIX = "model.visual."
 _TINY_IMAGE = dict(patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64)
 
 
 def is_tiny_vlm(name: str) -> bool:
-    """``qwen2.5-vl`` or a warm-started ``qwen2.5-vl+sft-<task>-<steps>`` (`trainer/warm_start_vlm.py`)."""
+    """``qwen2.5-vl``, ``qwen3-vl``, or a warm-started ``qwen2.5-vl+sft-<task>-<steps>`` (`trainer/warm_start_vlm.py`)."""
     return name.partition("+sft-")[0] in TINY_VLMS
 
 
@@ -70,9 +81,8 @@ def tiny_vlm_tokenizer() -> Any:
 
 def tiny_vlm_config(arch: str, tokenizer: Any, overrides: dict[str, Any] | None = None) -> Any:
     if arch not in TINY_VLMS:
-        raise ModelError(f"model.path: unknown tiny vision-language model 'tiny:{arch}' (fix: use tiny:qwen2.5-vl)")
-    from transformers import Qwen2_5_VLConfig
-
+        raise ModelError(f"model.path: unknown tiny vision-language model 'tiny:{arch}' (fix: use tiny:qwen2.5-vl "
+                         "or tiny:qwen3-vl)")
     ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
                    tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))))
     text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -83,17 +93,29 @@ def tiny_vlm_config(arch: str, tokenizer: Any, overrides: dict[str, Any] | None 
     vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, patch_size=_TINY_IMAGE["patch_size"],
                   spatial_merge_size=_TINY_IMAGE["merge_size"], temporal_patch_size=_TINY_IMAGE["temporal_patch_size"],
                   out_hidden_size=64, fullatt_block_indexes=[0], window_size=16)
+    if arch == "qwen3-vl":  # head_dim 16: mrope_section covers its 8 rotary pairs; both vision blocks feed deepstack
+        from transformers import Qwen3VLConfig as config_class
+
+        for key in ("rope_scaling", "bos_token_id", "eos_token_id"):
+            text.pop(key)
+        text.update(num_hidden_layers=3, head_dim=16, rope_parameters={
+            "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True})
+        vision = {k: v for k, v in vision.items() if k not in ("fullatt_block_indexes", "window_size")}
+        vision.update(depth=2, num_position_embeddings=64, deepstack_visual_indexes=[0, 1])
+    else:
+        from transformers import Qwen2_5_VLConfig as config_class
     overrides = dict(overrides or {})
     text.update(overrides.pop("text_config", {}))
     vision.update(overrides.pop("vision_config", {}))
-    return Qwen2_5_VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids, **overrides)
+    return config_class(text_config=text, vision_config=vision, tie_word_embeddings=True, **ids, **overrides)
 
 
 def build_tiny_vlm(arch: str, *, dtype: torch.dtype, attn_implementation: str, seed: int, with_model: bool,
                    overrides: dict[str, Any] | None = None) -> tuple[torch.nn.Module | None, Any]:
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
     if "+sft-" in arch:  # warm-started on the synthetic figures, cached after the first build
+        if arch.partition("+sft-")[0] != "qwen2.5-vl":
+            raise ModelError(f"model.path: 'tiny:{arch}': the figures' warm start is built for tiny:qwen2.5-vl only "
+                             "(fix: write tiny:qwen2.5-vl+sft-geometry-<level>-<steps>)")
         from trainer.warm_start_vlm import load_warm_started
 
         if overrides:
@@ -105,8 +127,10 @@ def build_tiny_vlm(arch: str, *, dtype: torch.dtype, attn_implementation: str, s
     model = None
     if with_model:
         torch.manual_seed(seed)
-        model = Qwen2_5_VLForConditionalGeneration._from_config(config, dtype=dtype,
-                                                                 attn_implementation=attn_implementation)
+        import transformers
+
+        model_class = getattr(transformers, _TINY_CLASSES[arch])
+        model = model_class._from_config(config, dtype=dtype, attn_implementation=attn_implementation)
     return model, tokenizer
 
 
@@ -124,9 +148,10 @@ def load_pretrained_vlm(folder: Path, *, dtype: torch.dtype, attn_implementation
     from transformers import AutoConfig, AutoModelForImageTextToText
 
     config = AutoConfig.from_pretrained(folder)
-    if not hasattr(config, "vision_config") or config.model_type not in ("qwen2_vl", "qwen2_5_vl"):
+    if not hasattr(config, "vision_config") or config.model_type not in FORWARD_MODEL_TYPES:
         raise ModelError(f"model.path: {folder} is a '{config.model_type}' vision-language model; the trainer's "
-                         "image forward covers qwen2_vl and qwen2_5_vl (fix: use a Qwen2-VL / Qwen2.5-VL model)")
+                         f"image forward covers {', '.join(FORWARD_MODEL_TYPES)} (fix: use a Qwen2-VL / Qwen2.5-VL / "
+                         "Qwen3-VL model)")
     if dummy:
         torch.manual_seed(seed)
         return AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
@@ -179,6 +204,23 @@ def stack_multimodal_inputs(rows: list[dict[str, torch.Tensor] | None], device: 
             torch.cat([r["image_grid_thw"] for r in rows]).to(device))
 
 
+def _visual_features(inner: torch.nn.Module, pixel_values: torch.Tensor, grid: torch.Tensor, image: torch.Tensor,
+                     dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, Any]]:
+    """`(merged features [I, H], extra text-model kwargs)`: the one place the model families differ.
+
+    Qwen2-VL / Qwen2.5-VL: no extras. Qwen3-VL: ``visual_pos_masks`` (the image slots `image`,
+    [B, T]) and ``deepstack_visual_embeds`` (one [I, H] map per deepstack merger, rows in the
+    order of the slots), which its text model adds to the hidden states after the first layers.
+    """
+    out = inner.get_image_features(pixel_values, grid)
+    feats = torch.cat(out.pooler_output).to(dtype)
+    deepstack = getattr(out, "deepstack_features", None)
+    if deepstack is None:
+        return feats, {}
+    return feats, {"visual_pos_masks": image,
+                   "deepstack_visual_embeds": [torch.cat(maps).to(dtype) for maps in deepstack]}
+
+
 def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                              mm_rows: list[dict[str, torch.Tensor] | None], *, image_cols: int, cache: Any = None
                              ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,8 +231,9 @@ def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, at
     cols = torch.arange(input_ids.shape[1], device=input_ids.device)
     image = (input_ids == model.config.image_token_id) & (cols < image_cols)[None, :] & attention_mask.bool()  # [B, T]
     num_slots = int(image.sum())
+    extra: dict[str, Any] = {}
     if pixel_values is not None:
-        feats = torch.cat(inner.get_image_features(pixel_values, grid).pooler_output).to(embeds.dtype)  # [I, H]
+        feats, extra = _visual_features(inner, pixel_values, grid, image, embeds.dtype)  # [I, H]
         if feats.shape[0] != num_slots:
             raise ValueError(f"{num_slots} image tokens in the prompts but {feats.shape[0]} image features")
         embeds = embeds.masked_scatter(image[..., None], feats)
@@ -198,7 +241,7 @@ def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, at
         raise ValueError(f"{num_slots} image tokens in the prompts but no pixel_values")
     position_ids, _ = inner.get_rope_index(input_ids, image.int(), grid, attention_mask=attention_mask)  # [3, B, T]
     out = inner.language_model(inputs_embeds=embeds, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=cache, use_cache=cache is not None)
+                               past_key_values=cache, use_cache=cache is not None, **extra)
     return out.last_hidden_state, position_ids
 
 
