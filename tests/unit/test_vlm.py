@@ -102,10 +102,11 @@ def _actor(model, freeze):
     return Actor(model, cfg, temperature=1.0, max_response_length=6, device=torch.device("cpu"))
 
 
+@pytest.mark.parametrize("path", ["tiny:qwen2.5-vl", "tiny:qwen3-vl"])
 @pytest.mark.parametrize("freeze", [True, False])
-def test_vision_tower_frozen_or_trained_and_synced_by_config(freeze):
-    model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2.5-vl"), seed=0)
-    vlm = (model, tok, load_vision_processor("tiny:qwen2.5-vl", tok, model))
+def test_vision_tower_frozen_or_trained_and_synced_by_config(freeze, path):
+    model, tok = load_model_and_tokenizer(ModelConfig(path=path), seed=0)
+    vlm = (model, tok, load_vision_processor(path, tok, model))
     if freeze:
         assert freeze_vision_tower(model)
     actor = _actor(model, freeze)
