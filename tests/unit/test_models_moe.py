@@ -124,8 +124,8 @@ def test_upcycled_smollm2_matches_smollm2():
     - float64, eager experts (grouped_mm has no float64 kernel): top-1 0 (bitwise); top-2 1.85e-6, because
       transformers' Mixtral router computes the softmax and renormalizes the top-k weights in fp32 whatever
       the model dtype, so w1 + w2 = 1 only to 1.2e-7. Bounds: 1e-10 and 1e-5.
-    - fp32 (the profiles' dtype), top-2: 1.24e-5 grouped_mm (the profiles' experts), 1.34e-5 eager; top-1
-      1.24e-5. SmolLM2 itself in fp32 is 2.39e-5 from its float64 log-probs, so the MoE is closer to dense
+    - fp32 (the profiles' dtype), top-2 grouped_mm (the profiles' experts): 1.34e-5 through the trainer's
+      log-prob head (this test), 1.24e-5 through a plain log_softmax; eager 1.34e-5; top-1 1.24e-5. SmolLM2 itself in fp32 is 2.39e-5 from its float64 log-probs, so the MoE is closer to dense
       fp32 than dense fp32 is to exact. Where it enters: the fused gate_up matmul is bitwise the separate
       gate and up matmuls, and a weight of 1.0 and index_add into zeros are exact; but an expert gets a
       subset of the tokens, and MKL's fp32 GEMM at these shapes (H 576, I 1536) gives 1-3, 5-7 or 9-11
