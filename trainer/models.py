@@ -9,9 +9,9 @@
 - `tiny:qwen2`, `tiny:qwen3`, `tiny:llama`, and the mixtures of experts `tiny:qwen3_moe`,
   `tiny:mixtral` (4 experts, top-2): random-init 2-layer models of the real architectures
   with a byte-level tokenizer built on the spot (no download), for fast tests;
-- `tiny:qwen2.5-vl`, `tiny:qwen3-vl` (deepstack): random-init vision-language models with their
-  tokenizer and image processor (`trainer/models_vlm.py`, which also loads local Qwen2-VL /
-  Qwen2.5-VL / Qwen3-VL folders);
+- `tiny:qwen2.5-vl`, `tiny:qwen3-vl` (deepstack), `tiny:qwen3.5-moe` (Gated-DeltaNet + full attention,
+  MoE): random-init vision-language models with their tokenizer and image processor
+  (`trainer/models_vlm.py`, which also loads local Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5-MoE folders);
 - `shape:qwen2.5-0.5b` etc.: the public config of a real model (table below) with random weights,
   for throughput runs with `load_format: dummy` when the real weights are not on the machine.
 `load_format: dummy` keeps the shapes of whatever `path` names and re-initializes the weights.

@@ -1,4 +1,4 @@
-"""Vision-language policies (Qwen2-VL / Qwen2.5-VL / Qwen3-VL): build, load, freeze, and one shared forward.
+"""Vision-language policies (Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5-MoE): build, load, freeze, one shared forward.
 
 `model.path` forms (through `trainer.models.load_model_and_tokenizer`):
 - ``tiny:qwen2.5-vl+sft-geometry-<level>-<steps>``: that model after a brief supervised warm start on
@@ -11,12 +11,17 @@
 - ``tiny:qwen3-vl``: a random-init `Qwen3VLForConditionalGeneration` built the same way (same
   tokenizer and image processor; 2 vision blocks of width 32 whose outputs both feed deepstack
   mergers, 3-layer text model of width 64 with interleaved M-RoPE);
+- ``tiny:qwen3.5-moe``: a random-init `Qwen3_5MoeForConditionalGeneration` (the architecture of
+  Qwen3.5-35B-A3B; same tokenizer and image processor; 1 vision block of width 32; text model of
+  width 64 with one Gated-DeltaNet linear-attention layer then one gated full-attention layer, each
+  with an MoE MLP of 4 experts top-2 plus a shared expert). transformers' torch fallbacks of the
+  gated delta rule and the causal conv1d run (no hub kernels);
 - a local HF folder whose config has a ``vision_config`` (e.g. a Qwen2.5-VL-3B-Instruct checkout):
   `AutoModelForImageTextToText` plus the folder's `preprocessor_config.json`.
 
 `load_vision_processor` gives the `trainer.data.multimodal.VisionProcessor` of a model (None
-for a text-only one). Loading another vision-language family (e.g. Qwen3.5) is a `ModelError`
-naming its model type.
+for a text-only one). Loading another vision-language family (e.g. dense Qwen3.5, ``qwen3_5``)
+is a `ModelError` naming its model type.
 
 The forward (`multimodal_hidden_states`), shared by the hf rollout engine's prefill and the
 trainer's log-prob recomputation so both follow one convention:
@@ -31,7 +36,13 @@ trainer's log-prob recomputation so both follow one convention:
 
 Qwen3-VL's tower also returns one feature map per deepstack merger; its text model adds map ``k``
 at the image positions after decoder layer ``k`` (`_visual_features` is the only place the
-families differ). Decode steps carry no image slots, so they take no deepstack features.
+families differ; Qwen3.5-MoE's tower has no deepstack mergers, so it takes the Qwen2.5-VL branch).
+Decode steps carry no image slots, so they take no deepstack features.
+
+Qwen3.5's linear-attention layers keep a conv and a recurrent state per row instead of keys and
+values: `_hybrid_cache` gives the hf engine's empty `DynamicCache()` those layers before the
+prefill. Left padding is exact there too: transformers zeroes the pad positions' inputs
+(`create_recurrent_attention_mask`), so they add nothing to the conv window or the state.
 
 ``image_cols`` is the prompt width: an ``<|image_pad|>`` token a policy samples in its response is
 an ordinary text token (its embedding row), never a slot for image features, in both the engine
@@ -45,6 +56,7 @@ so a decode step's position is one integer per row (the text model expands it to
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -53,15 +65,16 @@ import torch
 from trainer.errors import ConfigError, ModelError
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
-TINY_VLMS = ("qwen2.5-vl", "qwen3-vl")
-FORWARD_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl")  # the families `multimodal_hidden_states` covers
-_TINY_CLASSES = {"qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration", "qwen3-vl": "Qwen3VLForConditionalGeneration"}
+TINY_VLMS = ("qwen2.5-vl", "qwen3-vl", "qwen3.5-moe")
+FORWARD_MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_5_moe")  # the families `multimodal_hidden_states` covers
+_TINY_CLASSES = {"qwen2.5-vl": "Qwen2_5_VLForConditionalGeneration", "qwen3-vl": "Qwen3VLForConditionalGeneration",
+                 "qwen3.5-moe": "Qwen3_5MoeForConditionalGeneration"}
 VISION_PREFIX = "model.visual."
 _TINY_IMAGE = dict(patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels=16 * 16, max_pixels=64 * 64)
 
 
 def is_tiny_vlm(name: str) -> bool:
-    """``qwen2.5-vl``, ``qwen3-vl``, or a warm-started ``qwen2.5-vl+sft-<task>-<steps>`` (`trainer/warm_start_vlm.py`)."""
+    """``qwen2.5-vl``, ``qwen3-vl``, ``qwen3.5-moe``, or a warm-started ``qwen2.5-vl+sft-<task>-<steps>`` (`trainer/warm_start_vlm.py`)."""
     return name.partition("+sft-")[0] in TINY_VLMS
 
 
@@ -81,8 +94,8 @@ def tiny_vlm_tokenizer() -> Any:
 
 def tiny_vlm_config(arch: str, tokenizer: Any, overrides: dict[str, Any] | None = None) -> Any:
     if arch not in TINY_VLMS:
-        raise ModelError(f"model.path: unknown tiny vision-language model 'tiny:{arch}' (fix: use tiny:qwen2.5-vl "
-                         "or tiny:qwen3-vl)")
+        raise ModelError(f"model.path: unknown tiny vision-language model 'tiny:{arch}' (fix: use tiny:qwen2.5-vl, "
+                         "tiny:qwen3-vl or tiny:qwen3.5-moe)")
     ids = dict(zip(("vision_start_token_id", "vision_end_token_id", "image_token_id", "video_token_id"),
                    tokenizer.convert_tokens_to_ids(list(VISION_TOKENS))))
     text = dict(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -102,6 +115,18 @@ def tiny_vlm_config(arch: str, tokenizer: Any, overrides: dict[str, Any] | None 
             "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3], "mrope_interleaved": True})
         vision = {k: v for k, v in vision.items() if k not in ("fullatt_block_indexes", "window_size")}
         vision.update(depth=2, num_position_embeddings=64, deepstack_visual_indexes=[0, 1])
+    elif arch == "qwen3.5-moe":  # 1 Gated-DeltaNet + 1 full-attention layer, 4 experts top-2 plus the shared expert
+        from transformers import Qwen3_5MoeConfig as config_class
+
+        for key in ("rope_scaling", "bos_token_id", "eos_token_id", "intermediate_size"):
+            text.pop(key)
+        text.update(layer_types=["linear_attention", "full_attention"], head_dim=64, linear_conv_kernel_dim=4,
+                    linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2, linear_num_value_heads=4,
+                    moe_intermediate_size=32, shared_expert_intermediate_size=32, num_experts=4, num_experts_per_tok=2,
+                    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25,
+                                     "mrope_section": [2, 3, 3], "mrope_interleaved": True})  # 64 * 0.25 = 8 pairs
+        vision = {k: v for k, v in vision.items() if k not in ("fullatt_block_indexes", "window_size")}
+        vision.update(num_position_embeddings=64)
     else:
         from transformers import Qwen2_5_VLConfig as config_class
     overrides = dict(overrides or {})
@@ -151,7 +176,7 @@ def load_pretrained_vlm(folder: Path, *, dtype: torch.dtype, attn_implementation
     if not hasattr(config, "vision_config") or config.model_type not in FORWARD_MODEL_TYPES:
         raise ModelError(f"model.path: {folder} is a '{config.model_type}' vision-language model; the trainer's "
                          f"image forward covers {', '.join(FORWARD_MODEL_TYPES)} (fix: use a Qwen2-VL / Qwen2.5-VL / "
-                         "Qwen3-VL model)")
+                         "Qwen3-VL / Qwen3.5-MoE model)")
     if dummy:
         torch.manual_seed(seed)
         return AutoModelForImageTextToText.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
@@ -208,7 +233,7 @@ def _visual_features(inner: torch.nn.Module, pixel_values: torch.Tensor, grid: t
                      dtype: torch.dtype) -> tuple[torch.Tensor, dict[str, Any]]:
     """`(merged features [I, H], extra text-model kwargs)`: the one place the model families differ.
 
-    Qwen2-VL / Qwen2.5-VL: no extras. Qwen3-VL: ``visual_pos_masks`` (the image slots `image`,
+    Qwen2-VL / Qwen2.5-VL / Qwen3.5-MoE: no extras. Qwen3-VL: ``visual_pos_masks`` (the image slots `image`,
     [B, T]) and ``deepstack_visual_embeds`` (one [I, H] map per deepstack merger, rows in the
     order of the slots), which its text model adds to the hidden states after the first layers.
     """
@@ -221,11 +246,44 @@ def _visual_features(inner: torch.nn.Module, pixel_values: torch.Tensor, grid: t
                    "deepstack_visual_embeds": [torch.cat(maps).to(dtype) for maps in deepstack]}
 
 
+def _hybrid_cache(model: torch.nn.Module, cache: Any) -> None:
+    """Give the hf engine's empty lazy `DynamicCache()` the model's own per-layer kinds (Qwen3.5 only).
+
+    Qwen3.5's Gated-DeltaNet layers keep a conv and a recurrent state, not keys and values, so their
+    cache layers must exist before the first forward (``DynamicCache(config=model.config)`` builds
+    them). transformers' `LinearAttentionLayer` has no ``batch_select_indices`` (the engine drops
+    finished rows with it): `_SelectableLinearAttentionLayer` adds it as its beam reorder.
+    """
+    layer_types = getattr(model.config.get_text_config(), "layer_types", None) or ()
+    if cache is None or "linear_attention" not in layer_types or cache.layers:
+        return
+    from transformers import DynamicCache
+    from transformers.cache_utils import LinearAttentionLayer
+
+    layers = DynamicCache(config=model.config).layers
+    for i, layer in enumerate(layers):
+        if type(layer) is LinearAttentionLayer:
+            layers[i] = _selectable_linear_layer_class()(number_of_states=layer.number_of_states)
+    cache.layers, cache.layer_class_to_replicate = layers, None
+
+
+@functools.cache
+def _selectable_linear_layer_class() -> type:
+    from transformers.cache_utils import LinearAttentionLayer
+
+    class _SelectableLinearAttentionLayer(LinearAttentionLayer):
+        def batch_select_indices(self, indices: torch.Tensor) -> None:
+            self.reorder_cache(indices)  # index_select of the conv and recurrent states along the batch
+
+    return _SelectableLinearAttentionLayer
+
+
 def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                              mm_rows: list[dict[str, torch.Tensor] | None], *, image_cols: int, cache: Any = None
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(last hidden states [B, T, H], M-RoPE position_ids [3, B, T])` of a batch with images (module docstring)."""
     inner = model.model
+    _hybrid_cache(model, cache)
     pixel_values, grid = stack_multimodal_inputs(mm_rows, input_ids.device)
     embeds = model.get_input_embeddings()(input_ids)  # [B, T, H]
     cols = torch.arange(input_ids.shape[1], device=input_ids.device)

@@ -1,4 +1,4 @@
-"""Vision-language RL on tiny random-init Qwen2.5-VL / Qwen3-VL: parquet row -> engine inputs -> log-probs -> update."""
+"""Vision-language RL on tiny random-init Qwen2.5-VL / Qwen3-VL / Qwen3.5-MoE: parquet row -> engine inputs -> log-probs -> update."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ LOGPROB_ATOL = 1e-5  # fp32, same weights and images: the engine's incremental d
 LOGIT_ATOL = 1e-5  # fp32: the shared forward vs transformers' own, or a cached decode vs a full recompute
 
 
-@pytest.fixture(scope="module", params=["tiny:qwen2.5-vl", "tiny:qwen3-vl"])
+@pytest.fixture(scope="module", params=["tiny:qwen2.5-vl", "tiny:qwen3-vl", "tiny:qwen3.5-moe"])
 def vlm(request):
     model, tok = load_model_and_tokenizer(ModelConfig(path=request.param), seed=0)
     return model, tok, load_vision_processor(request.param, tok, model)
@@ -85,6 +85,27 @@ def test_engine_logprobs_equal_trainer_recomputation(vlm):
     assert ((other - batch.rollout_logprobs) * mask).abs().max() > 100 * LOGPROB_ATOL
 
 
+def test_rows_leaving_the_decode_early_keep_their_logprobs(vlm):
+    """Rows with smaller budgets leave the batch mid-decode (`cache.batch_select_indices`: Qwen3.5's linear-attention
+    layers drop their conv / recurrent state rows too); every kept row still scores as the trainer recomputes it."""
+    from trainer.rollout.base import Rollout
+
+    model, tok, _ = vlm
+    items = _items(vlm, _mixed_rows())
+    engine = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=[], seed=0)
+    rows, mm = [it["prompt_ids"] for it in items], [it["multi_modal_inputs"] for it in items]
+    budgets = [2, 6, 4, 6]
+    tokens, logps, finish = engine.decode_rows(rows, budgets, SamplingParams(n=1, max_new_tokens=6), None,
+                                               multi_modal_inputs=mm)
+    assert [len(t) for t in tokens] == budgets and finish == ["length"] * 4
+    rollout = Rollout(prompt_ids=rows, response_ids=tokens, response_logprobs=logps, finish_reasons=finish,
+                      group_index=list(range(4)), policy_version=[0] * 4)
+    batch = batch_from_rollout(rollout, pad_token_id=tok.pad_token_id)
+    batch.meta["multi_modal_inputs"] = mm
+    logp, _ = response_logprobs(model, batch)
+    assert ((logp - batch.rollout_logprobs) * batch.response_mask).abs().max() < LOGPROB_ATOL
+
+
 def test_image_tokens_carry_mask_zero(vlm):
     _, tok, _ = vlm
     _, batch = _rollout_batch(vlm, _items(vlm, _mixed_rows()), n=2)
@@ -102,7 +123,7 @@ def _actor(model, freeze):
     return Actor(model, cfg, temperature=1.0, max_response_length=6, device=torch.device("cpu"))
 
 
-@pytest.mark.parametrize("path", ["tiny:qwen2.5-vl", "tiny:qwen3-vl"])
+@pytest.mark.parametrize("path", ["tiny:qwen2.5-vl", "tiny:qwen3-vl", "tiny:qwen3.5-moe"])
 @pytest.mark.parametrize("freeze", [True, False])
 def test_vision_tower_frozen_or_trained_and_synced_by_config(freeze, path):
     model, tok = load_model_and_tokenizer(ModelConfig(path=path), seed=0)
@@ -190,6 +211,31 @@ def test_image_forward_equals_transformers_own_forward(vlm, monkeypatch):
         assert (model.lm_head(hidden) - ref).abs().max() > 100 * LOGIT_ATOL
 
 
+def test_left_padding_leaves_each_row_unchanged(vlm):
+    """A left-padded row's logits equal that row's logits alone: attention layers mask the pads, and Qwen3.5's
+    Gated-DeltaNet layers zero their inputs (transformers' `create_recurrent_attention_mask`), so the pads add
+    nothing to the conv window or the recurrent state. The pads here are an ordinary text token: the pad token's
+    embedding row is zero at init, which would hide a missing mask."""
+    from trainer.models_vlm import multimodal_hidden_states
+
+    model, tok, _ = vlm
+    items = _items(vlm, _mixed_rows())
+    p = max(len(it["prompt_ids"]) for it in items)
+    filler = tok.convert_tokens_to_ids("a")
+    assert filler != tok.pad_token_id and model.get_input_embeddings().weight[filler].abs().sum() > 0
+    ids = torch.tensor([[filler] * (p - len(it["prompt_ids"])) + it["prompt_ids"] for it in items])
+    attn = (torch.arange(p)[None, :] >= (p - torch.tensor([len(it["prompt_ids"]) for it in items]))[:, None]).long()
+    mm = [it["multi_modal_inputs"] for it in items]
+    assert attn.sum(1).min() < p  # some rows are padded
+    with torch.no_grad():
+        padded = model.lm_head(multimodal_hidden_states(model, ids, attn, mm, image_cols=p)[0])
+        for i, it in enumerate(items):
+            row = torch.tensor([it["prompt_ids"]])
+            alone = model.lm_head(multimodal_hidden_states(model, row, torch.ones_like(row), [mm[i]],
+                                                           image_cols=row.shape[1])[0])
+            assert (padded[i, p - row.shape[1]:] - alone[0]).abs().max() < LOGIT_ATOL
+
+
 def test_cached_decode_after_image_prefill_equals_full_recompute(vlm):
     """The hf engine's path: prefill left-padded prompts with images into a KV cache, then decode text tokens
     one at a time at the next M-RoPE text position; every step's logits equal one full forward's."""
@@ -217,3 +263,35 @@ def test_cached_decode_after_image_prefill_equals_full_recompute(vlm):
         full, _ = multimodal_hidden_states(model, torch.cat([prompts, new], dim=1), attn, mm, image_cols=p)
     ref = model.lm_head(full[:, p - 1:])
     assert (torch.stack(steps, dim=1) - ref).abs().max() < LOGIT_ATOL
+
+
+def test_local_qwen3_5_moe_folder_loads_and_other_families_are_one_line_errors(tmp_path):
+    """A saved Qwen3.5-MoE folder (config, weights, tokenizer, preprocessor_config.json) loads through the folder path
+    and scores as the model it was saved from; a vision-language family the forward does not cover is a ModelError."""
+    import json
+
+    from trainer.errors import ModelError
+    from trainer.models_vlm import multimodal_hidden_states
+
+    model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:qwen3.5-moe"), seed=0)
+    proc = load_vision_processor("tiny:qwen3.5-moe", tok, model)
+    model.save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    proc.image_processor.save_pretrained(tmp_path / "m")
+    loaded, loaded_tok = load_model_and_tokenizer(ModelConfig(path=str(tmp_path / "m")), seed=1)
+    assert type(loaded).__name__ == "Qwen3_5MoeForConditionalGeneration"
+    assert loaded.config.text_config.layer_types == ["linear_attention", "full_attention"]
+    loaded_proc = load_vision_processor(str(tmp_path / "m"), loaded_tok, loaded)
+    items = _items((model, tok, proc), make_geometry_rows(2, difficulty="easy", seed=0))
+    ids = torch.tensor([it["prompt_ids"] for it in items])
+    mm = [it["multi_modal_inputs"] for it in items]
+    assert _items((loaded, loaded_tok, loaded_proc), make_geometry_rows(2, difficulty="easy", seed=0))[0]["prompt_ids"] \
+        == items[0]["prompt_ids"]
+    with torch.no_grad():
+        ref = multimodal_hidden_states(model, ids, torch.ones_like(ids), mm, image_cols=ids.shape[1])[0]
+        out = multimodal_hidden_states(loaded, ids, torch.ones_like(ids), mm, image_cols=ids.shape[1])[0]
+    assert torch.equal(out, ref)
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5"}))
+    with pytest.raises(ModelError, match="is a 'qwen3_5' vision-language model; the trainer's image forward covers"):
+        load_model_and_tokenizer(ModelConfig(path=str(tmp_path / "m")), seed=0)
