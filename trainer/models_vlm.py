@@ -40,8 +40,8 @@ families differ; Qwen3.5-MoE's tower has no deepstack mergers, so it takes the Q
 Decode steps carry no image slots, so they take no deepstack features.
 
 Qwen3.5's linear-attention layers keep a conv and a recurrent state per row instead of keys and
-values: `_hybrid_cache` gives the hf engine's empty `DynamicCache()` those layers before the
-prefill. Left padding is exact there too: transformers zeroes the pad positions' inputs
+values: the hf engine's cache gets those layers before the prefill
+(`trainer/rollout/decode_cache.py`). Left padding is exact there too: transformers zeroes the pad positions' inputs
 (`create_recurrent_attention_mask`), so they add nothing to the conv window or the state.
 
 ``image_cols`` is the prompt width: an ``<|image_pad|>`` token a policy samples in its response is
@@ -56,13 +56,13 @@ so a decode step's position is one integer per row (the text model expands it to
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from trainer.errors import ConfigError, ModelError
+from trainer.rollout.decode_cache import ensure_layer_kinds
 
 VISION_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
 TINY_VLMS = ("qwen2.5-vl", "qwen3-vl", "qwen3.5-moe")
@@ -246,36 +246,6 @@ def _visual_features(inner: torch.nn.Module, pixel_values: torch.Tensor, grid: t
                    "deepstack_visual_embeds": [torch.cat(maps).to(dtype) for maps in deepstack]}
 
 
-def _hybrid_cache(model: torch.nn.Module, cache: Any) -> None:
-    """Give the hf engine's empty lazy `DynamicCache()` the model's own per-layer kinds (Qwen3.5 only).
-
-    Qwen3.5's Gated-DeltaNet layers keep a conv and a recurrent state, not keys and values, so their
-    cache layers must exist before the first forward (``DynamicCache(config=model.config)`` builds
-    them). transformers' `LinearAttentionLayer` has no ``batch_select_indices`` (the engine drops
-    finished rows with it): `_SelectableLinearAttentionLayer` adds it as its beam reorder.
-    """
-    layer_types = getattr(model.config.get_text_config(), "layer_types", None) or ()
-    if cache is None or "linear_attention" not in layer_types or cache.layers:
-        return
-    from transformers import DynamicCache
-    from transformers.cache_utils import LinearAttentionLayer
-
-    layers = DynamicCache(config=model.config).layers
-    for i, layer in enumerate(layers):
-        if type(layer) is LinearAttentionLayer:
-            layers[i] = _selectable_linear_layer_class()(number_of_states=layer.number_of_states)
-    cache.layers, cache.layer_class_to_replicate = layers, None
-
-
-@functools.cache
-def _selectable_linear_layer_class() -> type:
-    from transformers.cache_utils import LinearAttentionLayer
-
-    class _SelectableLinearAttentionLayer(LinearAttentionLayer):
-        def batch_select_indices(self, indices: torch.Tensor) -> None:
-            self.reorder_cache(indices)  # index_select of the conv and recurrent states along the batch
-
-    return _SelectableLinearAttentionLayer
 
 
 def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -283,7 +253,7 @@ def multimodal_hidden_states(model: torch.nn.Module, input_ids: torch.Tensor, at
                              ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(last hidden states [B, T, H], M-RoPE position_ids [3, B, T])` of a batch with images (module docstring)."""
     inner = model.model
-    _hybrid_cache(model, cache)
+    ensure_layer_kinds(model, cache)
     pixel_values, grid = stack_multimodal_inputs(mm_rows, input_ids.device)
     embeds = model.get_input_embeddings()(input_ids)  # [B, T, H]
     cols = torch.arange(input_ids.shape[1], device=input_ids.device)

@@ -295,3 +295,17 @@ def test_local_qwen3_5_moe_folder_loads_and_other_families_are_one_line_errors(t
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "model_type": "qwen3_5"}))
     with pytest.raises(ModelError, match="is a 'qwen3_5' vision-language model; the trainer's image forward covers"):
         load_model_and_tokenizer(ModelConfig(path=str(tmp_path / "m")), seed=0)
+
+
+def test_text_only_prompts_decode_and_score_on_every_tiny_vlm(vlm):
+    """A generate call without images (the engine's plain prefill, whose cache must hold Qwen3.5's
+    linear-attention states too) gives log-probs the trainer's text path recomputes, n=2 per prompt
+    (the group-shared prompt path, which recurrent models skip)."""
+    model, tok, _ = vlm
+    engine = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=[], seed=0)
+    prompts = [tok.encode("What is 2 + 3?"), tok.encode("Name a prime larger than ten, please.")]
+    rollout = engine.generate(prompts, SamplingParams(n=2, max_new_tokens=5))
+    assert [len(r) for r in rollout.response_ids] == [5] * 4
+    batch = batch_from_rollout(rollout, pad_token_id=tok.pad_token_id)
+    logp, _ = response_logprobs(model, batch)
+    assert ((logp - batch.rollout_logprobs) * batch.response_mask).abs().max() < LOGPROB_ATOL

@@ -10,7 +10,8 @@ group and its KV cache (with its autograd graph) is handed to the group's n resp
 response tokens then run as one continuation. Same math as running every full sequence (the
 test compares both), with n-1 of every n prompt forwards saved. Rows are grouped when
 consecutive rows carry the same `group_index` and the same prompt tokens; otherwise the plain
-full-sequence forward runs.
+full-sequence forward runs, as it does for models with recurrent (linear-attention) layers, whose
+cache is a state, not keys and values (`trainer/rollout/decode_cache.py`).
 
 LM head (`lm_head_logprobs`): one autograd function over response positions only (hidden states
 at columns P-1 .. P+R-2), looping over chunks of `chunk_size` tokens so that no more than one
@@ -55,6 +56,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer.batch import Batch
+from trainer.rollout.decode_cache import has_recurrent_layers
 
 ROW_MULTIPLE = 256  # compiled mode: the last LM-head chunk is padded to a multiple of this many rows
 SEQ_MULTIPLE = 128  # compiled mode: decoder inputs are right-padded to a multiple of this many tokens
@@ -302,7 +304,8 @@ def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompt
     base = getattr(model, model.base_model_prefix)
     ckpt_attr = "is_activation_checkpointing" if hasattr(type(model), "is_activation_checkpointing") else \
         "is_gradient_checkpointing"
-    if share_prompts and not getattr(model, ckpt_attr, False):
+    # a shared prompt hands its KV cache to the responses; models with recurrent layers run every row whole
+    if share_prompts and not getattr(model, ckpt_attr, False) and not has_recurrent_layers(model):
         first = prompt_groups(batch.to("cpu") if batch.group_index.device.type != "cpu" else batch)
         if first is not None:
             return _shared_prompt_hidden(base, batch, first.to(batch.input_ids.device))

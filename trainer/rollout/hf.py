@@ -30,6 +30,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams, copy_weights_in_place, engine_model
+from trainer.rollout.decode_cache import decode_cache
 
 # transformers 5.x renames `past_key_values` to `cache`; the old name works across 4.56-5.x.
 warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated")
@@ -134,7 +135,7 @@ class HFRolloutEngine(InterruptibleEngine):
         finish = ["length"] * b
         alive = torch.arange(b, device=self.device)  # original row of each batch row still decoding
 
-        cache = DynamicCache()
+        cache = decode_cache(self.model)
         logits, next_pos = self._prefill(input_ids, attn, pos, cache, multi_modal_inputs)  # [B, V], [B, 1]
         toks_hist, lps_hist, rows_hist = [], [], []
         for t in range(int(budget.max())):
