@@ -44,7 +44,8 @@ TINY_MOE: dict[str, tuple[type, dict[str, Any]]] = {
 
 
 def is_moe(config: Any) -> bool:
-    """Whether an HF config describes a mixture-of-experts model."""
+    """Whether an HF config describes a mixture-of-experts model (a vision-language one: its text model)."""
+    config = config.get_text_config() if hasattr(config, "get_text_config") else config
     return any((getattr(config, k, None) or 0) > 1 for k in ("num_local_experts", "num_experts", "n_routed_experts"))
 
 
@@ -131,15 +132,20 @@ class RouterRecorder:
         self._events: list[tuple[int, torch.Tensor]] = []  # (layer, logits [T, E]); layer -1: mask [T]
         self._on = False
         base = getattr(model, model.base_model_prefix)
-        self._handles = [base.register_forward_pre_hook(self._pre, with_kwargs=True)]
+        # the token mask is read where the decoder starts: a vision-language model's text model (which
+        # both its text-only and its image forwards enter with embeddings), else the base model
+        decoder = getattr(base, "language_model", base)
+        self._handles = [decoder.register_forward_pre_hook(self._pre, with_kwargs=True)]
         self._handles += [r.register_forward_hook(self._hook) for r in self.routers]
 
     def _pre(self, _module, args, kwargs):
         if self._on:
             ids = kwargs.get("input_ids", args[0] if args else None)
+            if ids is None:
+                ids = kwargs["inputs_embeds"][..., 0]  # [B, T]
             mask = kwargs.get("attention_mask")
             width = ids.shape[1]
-            m = torch.ones_like(ids) if mask is None else mask[:, -width:]
+            m = torch.ones(ids.shape, dtype=torch.long, device=ids.device) if mask is None else mask[:, -width:]
             self._events.append((-1, m.reshape(-1)))
 
     def _hook(self, module, _args, out):

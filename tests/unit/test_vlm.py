@@ -309,3 +309,22 @@ def test_text_only_prompts_decode_and_score_on_every_tiny_vlm(vlm):
     batch = batch_from_rollout(rollout, pad_token_id=tok.pad_token_id)
     logp, _ = response_logprobs(model, batch)
     assert ((logp - batch.rollout_logprobs) * batch.response_mask).abs().max() < LOGPROB_ATOL
+
+
+def test_vision_language_moe_trains_with_router_metrics_and_aux_loss():
+    """Qwen3.5-MoE (a VLM whose text model is the MoE): its routers are recorded on image batches, so the
+    actor logs `actor/moe/*` and `actor.moe_aux_loss_coeff` moves the routers, as for a text MoE."""
+    routers = {}
+    for coeff in (0.0, 1.0):
+        model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:qwen3.5-moe"), seed=0)
+        vlm = (model, tok, load_vision_processor("tiny:qwen3.5-moe", tok, model))
+        _, batch = _rollout_batch(vlm, _items(vlm, _mixed_rows()), n=2, max_new_tokens=4)
+        batch.advantages = torch.linspace(-1, 1, len(batch))[:, None].expand_as(batch.response_mask).contiguous()
+        actor = Actor(model, ActorConfig(lr=1e-2, ppo_mini_batch_size=8, ppo_micro_batch_size_per_gpu=4,
+                                         moe_aux_loss_coeff=coeff), temperature=1.0, max_response_length=4,
+                      device=torch.device("cpu"))
+        metrics = actor.update(batch, 1, reuse_forward_as_old=True)
+        assert {"actor/moe/load_balancing_loss", "actor/moe/router_entropy", "actor/moe/expert_load/cv"} <= set(metrics)
+        assert 0 < metrics["actor/moe/router_entropy"] <= float(torch.log(torch.tensor(4.0))) + 1e-6
+        routers[coeff] = {k: v.detach().clone() for k, v in model.named_parameters() if k.endswith("mlp.gate.weight")}
+    assert routers[0.0] and any(not torch.allclose(routers[0.0][k], routers[1.0][k], atol=1e-7) for k in routers[0.0])
