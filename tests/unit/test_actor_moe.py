@@ -84,6 +84,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     state = full_state_dict(model)
     if rank == 0:
         torch.save({"state": state, "metrics": metrics}, out)
+    torch.distributed.barrier()  # leave the group together: a rank exiting while the other still writes can abort
     torch.distributed.destroy_process_group()
 
 
