@@ -58,14 +58,19 @@ def sft_batch(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_
     return batch_from_rollout(rollout, pad_token_id=pad_token_id)
 
 
-def supervised_steps(model: torch.nn.Module, next_batch: Callable[[], Any], steps: int, lr: float) -> list[float]:
-    """`steps` AdamW steps on the masked mean NLL of the batches `next_batch()` returns; the losses."""
+def supervised_steps(model: torch.nn.Module, next_batch: Callable[[], Any], steps: int, lr: float,
+                     on_step: Callable[[int, float], bool] | None = None) -> list[float]:
+    """At most `steps` AdamW steps on the masked mean NLL of the batches `next_batch()` returns; the losses.
+
+    The optimizer holds the parameters that require grad (a frozen vision tower stays out).
+    `on_step(step, loss)`, when given, runs after each step (numbered from 1) and returns True to stop
+    there (the VLM warm start's stop-at-accuracy check); the model is back in train mode for the next step."""
     from trainer.ops.logprobs import response_logprobs
 
-    opt = torch.optim.AdamW(model.parameters(), lr=lr)
-    losses = []
-    model.train()
-    for _ in range(steps):
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+    losses: list[float] = []
+    for step in range(1, steps + 1):
+        model.train()
         batch = next_batch()
         logp, _ = response_logprobs(model, batch)  # [B, R]
         loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
@@ -73,6 +78,8 @@ def supervised_steps(model: torch.nn.Module, next_batch: Callable[[], Any], step
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        if on_step is not None and on_step(step, losses[-1]):
+            break
     model.eval()
     return losses
 

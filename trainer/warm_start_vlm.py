@@ -4,7 +4,7 @@ No small pretrained vision-language model ships in a Python package, and a rando
 never answers a figure question with a number, so GRPO on it has no reward to learn from. This
 trains `tiny:qwen2.5-vl` for a few supervised steps on the *training* split of a synthetic
 geometry level: prompt = figure + question, target = the answer digits then ``<|im_end|>``, AdamW
-at a constant learning rate, through the batches and cache of `trainer.warm_start`. The vision
+at a constant learning rate, through the supervised loop, batches and cache of `trainer.warm_start`. The vision
 tower stays at its random init here (the RL run may train it): a linear probe on its mean merged
 features reads geometry-count's answer on every validation figure, and training it alongside
 the text model kept the text model on the answer prior (loss ln 4 / 2 = 0.69 per token) for about
@@ -81,37 +81,33 @@ def warm_start(arch: str, task: str, steps: int, out: Path, to: int | None = Non
     from trainer.data.dataset import PromptDataset
     from trainer.data.synthetic import ensure_synthetic
     from trainer.models_vlm import build_tiny_vlm, freeze_vision_tower, load_vision_processor
-    from trainer.ops.logprobs import response_logprobs
+    from trainer.warm_start import supervised_steps
 
     t0 = time.perf_counter()
     model, tok = build_tiny_vlm(arch, dtype=torch.float32, attn_implementation="sdpa", seed=SEED, with_model=True)
     proc = load_vision_processor(f"tiny:{arch}", tok, model)
     train_rows, val_rows = ensure_synthetic(f"synthetic:{task}?num=512&num_val=64&seed={SEED}")
     train = PromptDataset(train_rows, tok, max_prompt_length=256, batch_size=BATCH, seed=SEED, processor=proc)
-    check = PromptDataset(train_rows[:CHECK_ROWS], tok, max_prompt_length=256, batch_size=CHECK_ROWS, shuffle=False,
-                          processor=proc)
+    check_rows = PromptDataset(train_rows[:CHECK_ROWS], tok, max_prompt_length=256, batch_size=CHECK_ROWS,
+                               shuffle=False, processor=proc)
     val = PromptDataset(val_rows, tok, max_prompt_length=256, batch_size=64, shuffle=False, processor=proc)
     target = lambda it: tok.encode(it["ground_truth"]) + [tok.eos_token_id]
 
     freeze_vision_tower(model)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=LR)
-    losses, curve = [], []
-    for step in range(1, steps + 1):
-        model.train()
+    curve: list[list[float]] = []
+
+    def check(step: int, loss: float) -> bool:  # every CHECK_EVERY steps of a -to<pct> warm start: stop there?
+        if to is None or step % CHECK_EVERY:
+            return False
+        acc = _greedy_accuracy(model, tok, check_rows)
+        curve.append([step, round(acc, 4)])
+        return acc * 100 >= to
+
+    def next_batch() -> Any:
         items = train.next_batch()
-        batch = _batch(items, [target(it) for it in items], tok.pad_token_id)
-        logp, _ = response_logprobs(model, batch)  # [B, R]
-        loss = -(logp * batch.response_mask).sum() / batch.response_mask.sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if to is not None and step % CHECK_EVERY == 0:
-            acc = _greedy_accuracy(model, tok, check)
-            curve.append([step, round(acc, 4)])
-            if acc * 100 >= to:
-                break
-    model.eval()
+        return _batch(items, [target(it) for it in items], tok.pad_token_id)
+
+    losses = supervised_steps(model, next_batch, steps, LR, on_step=check)
     model.model.visual.requires_grad_(True)  # saved as an ordinary model: the RL config decides the tower
     val_acc = _greedy_accuracy(model, tok, val)
     facts = {"arch": arch, "task": task, "steps": steps, "to_pct": to, "steps_run": len(losses), "seed": SEED,
