@@ -155,6 +155,11 @@ class MegatronConfig(_Section):
     expert_model_parallel_size: int = Field(1, ge=1)
     pipeline_model_parallel_size: int = Field(1, ge=1)
     sequence_parallel: bool = False
+    optimizer: Literal["auto", "megatron", "torch"] = Field("auto", description=(
+        "gradient sync and optimizer of actor.strategy=megatron: megatron = megatron-core's DDP (fp32 grad buffers) "
+        "and distributed optimizer (Adam state and, for bf16 params, fp32 master weights sharded over the "
+        "data-parallel ranks), CUDA only; torch = torch all-reduce over the data-parallel groups and torch AdamW on "
+        "the module params; auto = megatron on CUDA, torch on CPU"))
 
 
 class ActorConfig(_Section):

@@ -191,3 +191,23 @@ def test_fused_adam_switch_keeps_the_math():
     for a, b in zip(*runs):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert not torch.allclose(runs[1][0], w0[0])
+
+
+def test_megatron_optimizer_setting():
+    """`actor.megatron.optimizer`: megatron on a CPU device stops at start with the field named; auto on CPU
+    keeps torch's AdamW; a checkpoint of the other optimizer is refused, not half-loaded."""
+    from trainer.backends.megatron import MegatronActor
+    from trainer.errors import ConfigError
+
+    hf = _hf("qwen3_moe")
+    kw = {"temperature": 1.0, "max_response_length": R, "device": torch.device("cpu")}
+    with pytest.raises(ConfigError, match=r"^actor\.megatron\.optimizer=megatron: .* CUDA only"):
+        MegatronActor.from_hf(hf, ActorConfig(megatron={"optimizer": "megatron"}), **kw)
+    a = MegatronActor.from_hf(hf, ActorConfig(), **kw)
+    assert a.megatron_optimizer is None and a.optimizer_impl == "torch"
+    state = a.state_dict()
+    assert state["optimizer_impl"] == "torch"
+    a.load_state_dict(state)
+    with pytest.raises(ConfigError, match=r"^actor\.megatron\.optimizer: the checkpoint holds the state of the "
+                                          r"megatron optimizer, this run builds the torch one"):
+        a.load_state_dict({**state, "optimizer_impl": "megatron"})

@@ -37,10 +37,12 @@ data parallel over the remaining ranks. The ranks are the Ray trainer workers (c
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
 (`trainer/distributed/actor_state.py`). On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's
 unconditional `torch.cuda` calls; gradients are all-reduced with torch over the data-parallel
-groups and the optimizer is torch's AdamW. The training loops run that same path on CUDA (torch's
-all-reduce over NCCL, fused AdamW); megatron's DDP and distributed optimizer
-(`trainer/backends/megatron_gpu.py`) are used by the MoE benchmark only, since their sharded
-optimizer state does not go through the loops' checkpoints yet.
+groups and the optimizer is torch's AdamW. On CUDA (`actor.megatron.optimizer: auto` or `megatron`)
+`from_hf` wraps the model in megatron's DDP and gives it megatron's distributed optimizer
+(`trainer/backends/megatron_gpu.py`: fp32 grad buffers, fp32 masters for bf16 params, Adam state
+sharded over the data-parallel ranks, fused Adam), in every loop that builds the actor; its state
+(masters and moments included) goes into the checkpoints. `actor.megatron.optimizer: torch` keeps
+the CPU path's all-reduce and AdamW on CUDA; `megatron` on a CPU run stops at start.
 """
 
 from __future__ import annotations
@@ -127,6 +129,16 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
                           f"the hf and static engines only (fix: rollout.engine=hf, or actor.strategy=fsdp2)")
     if cfg.model.gradient_checkpointing:
         raise ConfigError("model.gradient_checkpointing: not wired for actor.strategy=megatron (fix: set it false)")
+
+
+def use_megatron_optimizer_on(cfg: ActorConfig, device: torch.device) -> bool:
+    """Whether the actor gets megatron's DDP + distributed optimizer (`actor.megatron.optimizer`:
+    auto = on CUDA; megatron on a CPU device is a ConfigError)."""
+    choice = cfg.megatron.optimizer
+    if choice == "megatron" and device.type != "cuda":
+        raise ConfigError(f"actor.megatron.optimizer=megatron: megatron-core's DDP and distributed optimizer run on "
+                          f"CUDA only, this run's device is {device.type} (fix: actor.megatron.optimizer=auto or torch)")
+    return choice == "megatron" or (choice == "auto" and device.type == "cuda")
 
 
 # --------------------------------------------------------------------------- process setup
@@ -449,6 +461,7 @@ class MegatronActor(Actor):
         """Parallel groups (from `cfg.megatron`), model through the bridge, HF weights loaded
         (`dtype`: the megatron parameters' dtype; default the HF model's)."""
         m = cfg.megatron
+        megatron_optimizer = use_megatron_optimizer_on(cfg, device)  # a ConfigError before anything is built
         init_parallel(m.tensor_model_parallel_size, m.expert_model_parallel_size, seed=seed)
         dtype = dtype or next(hf_model.parameters()).dtype
         bridge = build_bridge(hf_model.config, dtype=dtype, moe_aux_loss_coeff=cfg.moe_aux_loss_coeff)
@@ -457,6 +470,10 @@ class MegatronActor(Actor):
         actor = cls(model, bridge, hf_model.config, cfg, temperature=temperature,
                     max_response_length=max_response_length, device=device)
         actor.hf_order = [name for name, _ in hf_model.named_parameters()]
+        if megatron_optimizer:
+            from trainer.backends.megatron_gpu import use_megatron_optimizer
+
+            use_megatron_optimizer(actor)
         return actor
 
     # ------------------------------------------------------------------ forward
@@ -565,6 +582,22 @@ class MegatronActor(Actor):
 
     def flops_config(self) -> Any:
         return self.hf_config
+
+    @property
+    def optimizer_impl(self) -> str:
+        """`megatron` (megatron's DDP + distributed optimizer) or `torch` (all-reduce + torch AdamW)."""
+        return "torch" if self.megatron_optimizer is None else "megatron"
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "optimizer_impl": self.optimizer_impl}
+
+    def load_state_dict(self, state: dict) -> None:
+        saved = state.get("optimizer_impl", "torch")
+        if saved != self.optimizer_impl:
+            raise ConfigError(f"actor.megatron.optimizer: the checkpoint holds the state of the {saved} optimizer, "
+                              f"this run builds the {self.optimizer_impl} one (fix: resume with "
+                              f"actor.megatron.optimizer={saved} on the same device kind, or trainer.resume=false)")
+        super().load_state_dict({k: v for k, v in state.items() if k != "optimizer_impl"})
 
     def checkpoint_layout(self) -> str:
         """`megatron_tp<T>_ep<E>_world<N>`: one state per rank, each its own shards (actor_state.py)."""

@@ -1,19 +1,28 @@
 """Megatron's own data parallelism and optimizer for `MegatronActor` on CUDA.
 
     actor = MegatronActor.from_hf(hf, cfg, ..., device=torch.device("cuda"), dtype=torch.bfloat16)
+    # from_hf calls this when actor.megatron.optimizer is auto (on CUDA) or megatron:
     use_megatron_optimizer(actor)     # megatron DDP (fp32 grad buffers) + distributed optimizer
 
 bf16 module parameters, fp32 gradient accumulation in megatron's contiguous grad buffers
 (`DistributedDataParallel(grad_reduce_in_fp32=True)`), fp32 master weights and Adam state sharded
 over the data-parallel ranks (`get_megatron_optimizer(use_distributed_optimizer=True)`), gradient
-norm and clipping by the optimizer (over all model-parallel shards). Without TransformerEngine or
-Apex megatron's Adam is torch's AdamW in its multi-kernel `foreach` form; `use_fused_adam` switches
-it to torch's fused kernel (one pass over master, gradient and moments per tensor; same math). Not on CPU: megatron's grad
-buffers and optimizers call CUDA unconditionally (the CPU path uses torch's all-reduce and AdamW).
+norm and clipping by the optimizer (over all model-parallel shards). Weight decay applies to every
+parameter, as the torch path's AdamW does (megatron's default skips biases and norms; its standard
+overrides are not used). Without TransformerEngine or Apex megatron's Adam is torch's AdamW in its
+multi-kernel `foreach` form; `use_fused_adam` switches it to torch's fused kernel (one pass over
+master, gradient and moments per tensor; same math). `optimizer="sgd"` (plain SGD, no momentum) is
+for the parity check of `trainer/bench/moe_backends.py`, whose step is proportional to the gradient.
+Not on CPU: megatron's grad buffers and optimizers call CUDA unconditionally (the CPU path uses
+torch's all-reduce and AdamW).
 
 `Actor.update` runs unchanged: `finish_grads_and_clip` finishes the grad sync and makes megatron's
 step (which clips, skips non-finite steps, and copies the masters back into the bf16 params) and
 returns its gradient norm; the optimizer object the loop sees then only zeroes and reports lr.
+Checkpoints: `_Steps.state_dict` holds megatron's optimizer state dict plus this rank's shard of
+the parameter state (fp32 masters and Adam moments, megatron's `dp_reshardable` form, copied to
+the CPU), which megatron's `load_state_dict` reads back; the per-rank checkpoint of
+`trainer/distributed/actor_state.py` carries it as it is.
 """
 
 from __future__ import annotations
@@ -52,12 +61,47 @@ class _Steps:
         self._set_lr()
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.opt.state_dict(), "count": self.count}
+        """megatron's state dict of each inner optimizer with this rank's parameter state (fp32 masters,
+        Adam moments) in it, copied to the CPU; `load_state_dict` restores masters, moments and step."""
+        inner = []
+        for opt in _inner(self.opt):
+            sd = opt.state_dict()
+            if hasattr(opt, "get_parameter_state_dp_reshardable"):  # the distributed optimizer
+                sd["param_state"] = _to_cpu(opt.get_parameter_state_dp_reshardable())
+                sd["param_state_sharding_type"] = "dp_reshardable"
+            inner.append(sd)
+        return {"inner": inner, "count": self.count}
 
     def load_state_dict(self, state: dict) -> None:
-        self.opt.load_state_dict(state["optimizer"])
+        inner = list(_inner(self.opt))
+        if len(inner) != len(state["inner"]):
+            raise RuntimeError(f"megatron optimizer checkpoint: {len(state['inner'])} optimizers saved, "
+                               f"{len(inner)} built")
+        for opt, sd in zip(inner, state["inner"]):
+            opt.load_state_dict(sd)
+        use_fused_adam(self.opt)  # the loaded step counts go back onto the parameters' device
         self.count = state["count"]
         self._set_lr()
+
+
+def _inner(opt: Any) -> list[Any]:
+    """The optimizers a megatron ChainedOptimizer holds (dense and expert parameters), or `[opt]`."""
+    return list(getattr(opt, "chained_optimizers", [opt]))
+
+
+def _to_cpu(state: Any) -> Any:
+    """`get_parameter_state_dp_reshardable()` with every tensor cloned to the CPU and each parameter's
+    entry marked as no padding (the flag megatron's loader reads)."""
+    if isinstance(state, torch.Tensor):
+        return state.detach().to("cpu", copy=True)
+    if isinstance(state, dict):
+        out = {k: _to_cpu(v) for k, v in state.items()}
+        if "param" in out and "gbuf_local_start" in out:
+            out.setdefault("padding", False)
+        return out
+    if isinstance(state, list):
+        return [_to_cpu(v) for v in state]
+    return state
 
 
 class _Scheduler:
@@ -75,20 +119,26 @@ class _Scheduler:
         self.steps._set_lr()
 
 
-def use_megatron_optimizer(actor: Any) -> None:
-    """Wrap `actor.model` in megatron's DDP and give it megatron's distributed optimizer."""
+def use_megatron_optimizer(actor: Any, optimizer: str = "adam") -> None:
+    """Wrap `actor.model` in megatron's DDP and give it megatron's distributed optimizer (`optimizer`:
+    "adam", AdamW with the actor's betas and weight decay; "sgd", plain SGD without momentum)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
+    if actor.megatron_optimizer is not None:
+        raise RuntimeError("use_megatron_optimizer: the actor already has megatron's optimizer (from_hf sets it on "
+                           "CUDA unless actor.megatron.optimizer=torch)")
     cfg = actor.cfg
     tcfg = actor.bridge.config
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=True)
     ddp = DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=actor.model)
-    ocfg = OptimizerConfig(optimizer="adam", lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
-                           adam_beta2=cfg.betas[1], adam_eps=1e-8, clip_grad=cfg.grad_clip, bf16=tcfg.bf16,
-                           params_dtype=tcfg.params_dtype, use_distributed_optimizer=True)
-    opt = get_megatron_optimizer(ocfg, [ddp])
+    if optimizer not in ("adam", "sgd"):
+        raise ValueError(f"use_megatron_optimizer: optimizer={optimizer!r} (adam or sgd)")
+    ocfg = OptimizerConfig(optimizer=optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
+                           adam_beta2=cfg.betas[1], adam_eps=1e-8, sgd_momentum=0.0, clip_grad=cfg.grad_clip,
+                           bf16=tcfg.bf16, params_dtype=tcfg.params_dtype, use_distributed_optimizer=True)
+    opt = get_megatron_optimizer(ocfg, [ddp], config_overrides={})  # {}: weight decay on every parameter
     use_fused_adam(opt)
     actor.ddp = ddp
     actor.model = ddp
@@ -113,7 +163,14 @@ def use_fused_adam(opt: Any) -> None:
 
 def megatron_step(actor: Any) -> torch.Tensor:
     """Finish the grad sync and run megatron's optimizer step; the gradient norm before clipping."""
+    from megatron.core import parallel_state as ps
+
     actor.ddp.finish_grad_sync()
+    tp = ps.get_tensor_model_parallel_group()
+    if ps.get_tensor_model_parallel_world_size() > 1:  # q/k layernorms see only this rank's heads (as the CPU path)
+        for name, p in actor.gpt.named_parameters():
+            if "q_layernorm" in name or "k_layernorm" in name:
+                torch.distributed.all_reduce(p.main_grad, group=tp)
     ok, grad_norm, _ = actor.megatron_optimizer.step()
     if not ok or grad_norm is None:
         return torch.tensor(float("nan"))
