@@ -40,8 +40,16 @@ import torch
 
 from trainer.config import ActorConfig
 
-ARGS_LR = 1e-3
+ARGS_LR = 1e-3  # the Adam check's lr
+SGD_LR = 10.0  # the SGD check's lr: updates ~1e-4 per element, far above the fp32 rounding of the weights
+BROKEN_LR_SCALE = 1.03  # the deliberately broken SGD run: the GPU step 3% too large (the check must fail it)
 ACTOR_PROMPT = 128  # actor variants: prompt tokens of each row (the rest is its response)
+# SGD check bound r, norm-wise per tensor on the update and the gradients (see check()): bf16 params with
+# fp32 masters 4 units of bf16 roundoff (4 x 2^-8); fp32 the CPU tests' rtol. Element-wise 4 r (|x| + rms)
+# for at least 99.9% of the elements (a normal error of spread r exceeds 3.3 r in 0.1% of them)
+SGD_RTOL = {torch.bfloat16: 4 * 2.0**-8, torch.float32: 1e-4}
+ELEMENT_FACTOR = 4.0
+FP32_WEIGHT_ROUNDING = 4 * 2.0**-24  # two steps, each rounding the fp32 weight on each side: |w| x this
 
 
 def _tiny_moe():
@@ -56,8 +64,10 @@ def _tiny_moe():
     return m
 
 
-def _actor_cfg() -> ActorConfig:
-    return ActorConfig(lr=ARGS_LR, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9)
+def _actor_cfg(optimizer: str = "adam") -> ActorConfig:
+    # megatron.optimizer=torch: the check sets megatron's optimizer itself, with the update rule under test
+    return ActorConfig(lr=SGD_LR if optimizer == "sgd" else ARGS_LR, ppo_mini_batch_size=2,
+                       ppo_micro_batch_size_per_gpu=2, grad_clip=1e9, megatron={"optimizer": "torch"})
 
 
 def _batch():
@@ -69,41 +79,130 @@ def _batch():
     return b
 
 
-def reference(path: str) -> None:
+def _megatron_named(a) -> dict[str, torch.Tensor]:
+    return {k: v.detach().float().cpu().clone() for k, v in a.gpt.named_parameters()}
+
+
+def reference(path: str, optimizer: str = "adam") -> None:
+    """CPU, fp32: the update with torch AdamW (`adam`) or plain SGD (`sgd`), the gradients of each mini-batch
+    (after the reduction, before the step) and the weights by HF and by megatron name."""
     from trainer.backends.megatron import MegatronActor
 
     hf = _tiny_moe()
     init = {k: v.detach().clone() for k, v in hf.state_dict().items()}
-    a = MegatronActor.from_hf(hf, _actor_cfg(), temperature=1.0, max_response_length=6, device=torch.device("cpu"))
+    a = MegatronActor.from_hf(hf, _actor_cfg(optimizer), temperature=1.0, max_response_length=6,
+                              device=torch.device("cpu"))
+    if optimizer == "sgd":
+        a.optimizer = torch.optim.SGD([p for p in a.model.parameters() if p.requires_grad], lr=SGD_LR, momentum=0.0)
+        a.scheduler = torch.optim.lr_scheduler.LambdaLR(a.optimizer, lambda s: 1.0)
+    init_mg = _megatron_named(a)
+    grads: list[dict[str, torch.Tensor]] = []
+    finish = a.finish_grads_and_clip
+
+    def recording() -> torch.Tensor:
+        norm = finish()  # grad_clip 1e9: no clipping, the grads are the reduced ones
+        grads.append({k: p.grad.detach().float().clone() for k, p in a.gpt.named_parameters()})
+        return norm
+
+    a.finish_grads_and_clip = recording
     metrics = a.update(_batch(), 2)
-    torch.save({"init": init, "after": dict(a.named_weights()), "metrics": metrics}, path)
-    print(f"reference written: {path} grad_norm={metrics['actor/grad_norm']:.6f}")
+    torch.save({"optimizer": optimizer, "lr": a.cfg.lr, "init": init, "after": dict(a.named_weights()),
+                "init_megatron": init_mg, "after_megatron": _megatron_named(a), "grads": grads,
+                "metrics": metrics}, path)
+    print(f"reference written: {path} optimizer={optimizer} grad_norm={metrics['actor/grad_norm']:.6f}")
 
 
-def check(path: str, dtype: torch.dtype = torch.bfloat16) -> dict:
-    """The reference's update on CUDA with `dtype` parameters; bf16 is held to a bf16 bound (2^-8 relative
-    plus a quarter Adam step), fp32 to the CPU tests' bound (rtol 1e-4, atol 2e-5)."""
+def _masters(a) -> dict[str, torch.Tensor]:
+    """The fp32 master weights of megatron's distributed optimizer by megatron name (one data-parallel rank:
+    each shard is its whole parameter)."""
+    names = {id(p): k for k, p in a.gpt.named_parameters()}
+    out = {}
+    for opt in getattr(a.megatron_optimizer, "chained_optimizers", [a.megatron_optimizer]):
+        pairs = list(zip(getattr(opt, "model_float16_groups", []), getattr(opt, "shard_fp32_from_float16_groups", [])))
+        pairs += list(zip(getattr(opt, "model_fp32_groups", []), getattr(opt, "shard_fp32_groups", [])))
+        for model_group, main_group in pairs:
+            for p, main in zip(model_group, main_group):
+                if main.numel() != p.numel():
+                    raise RuntimeError("_masters: a shard is not its whole parameter (more than one DP rank)")
+                out[names[id(p)]] = main.detach().float().cpu().view(p.shape).clone()
+    return out
+
+
+def _rel_check(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol: float,
+               weights: dict[str, torch.Tensor] | None = None) -> dict:
+    """Elements with |got - want| > ELEMENT_FACTOR x rtol (|want| + rms(want of the tensor)) + a, and tensors with
+    ||got - want|| > rtol ||want|| + ||a||, where a = FP32_WEIGHT_ROUNDING x |weight| when `want` is an update of
+    `weights` (0 for gradients). Pass: at most 0.1% of the elements and no tensor outside."""
+    out_n, n, worst_rel, worst_name, max_abs, bad_tensors = 0, 0, 0.0, "", 0.0, []
+    for k, w in want.items():
+        d = (got[k] - w).abs()
+        a = FP32_WEIGHT_ROUNDING * weights[k].abs() if weights is not None else torch.zeros_like(w)
+        rms = float(w.pow(2).mean().sqrt())
+        out_n += int((d > ELEMENT_FACTOR * rtol * (w.abs() + rms) + a).sum())
+        n += w.numel()
+        rel = float(d.norm() / w.norm().clamp_min(1e-30))
+        if float(d.norm()) > rtol * float(w.norm()) + float(a.norm()):
+            bad_tensors.append(k)
+        if rel > worst_rel:
+            worst_rel, worst_name = rel, k
+        max_abs = max(max_abs, float(d.max()))
+    return {"elements_outside": out_n, "elements": n, "worst_tensor_rel_err": worst_rel, "worst_tensor": worst_name,
+            "tensors_outside": bad_tensors, "max_abs_diff": max_abs, "rtol": rtol, "element_factor": ELEMENT_FACTOR,
+            "pass": out_n <= n // 1000 and not bad_tensors}
+
+
+def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0) -> dict:
+    """The reference's update on CUDA with `dtype` parameters, megatron's DDP + distributed optimizer with the
+    reference's update rule (Adam or SGD), the alltoall dispatcher.
+
+    Adam: the weights against a bf16 bound (2^-8 relative plus a quarter Adam step) or, in fp32, the CPU
+    tests' bound (rtol 1e-4, atol 2e-5). Adam moves every entry by about lr x sign(g), so an entry whose
+    gradient is within rounding of zero can move a whole step the other way: this bound cannot tell that
+    from an error. SGD moves each entry by lr x g: the update is proportional to the gradient, so its error
+    is lr x (the gradient's error). Bound (set before the GPU run): the gradient in bf16 carries the rounding
+    of the bf16 weights (2^-9 relative), of each bf16 activation and of the bf16 weight gradient (2^-8 each)
+    along a path of a few matmuls per layer; about four units of roundoff, r = 4 x 2^-8 = 1.6e-2, norm-wise
+    per tensor; element-wise 4 r (|x| + rms(tensor)) for 99.9% of the elements (the rms term for entries near
+    zero). fp32: r = 1e-4. The fp32 rounding of the weight at each step (2^-24 |w|, on both sides) is added
+    for updates. Held to it: the update of the fp32 masters (masters after minus the bf16 initial weights
+    they start from) against the CPU update, and the reduced fp32 main gradients of each mini-batch against
+    the CPU's (the first mini-batch's at the same weights decides; the second's follow weights that already
+    differ by the bf16 rounding). `lr_scale` != 1 breaks the GPU run on purpose (a step too large by that
+    factor), to show the check fails it."""
     from trainer.backends.megatron import MegatronActor
     from trainer.backends.megatron_gpu import use_megatron_optimizer
 
     ref = torch.load(path, weights_only=False)
+    optimizer = ref.get("optimizer", "adam")
     hf = _tiny_moe()
     hf.load_state_dict(ref["init"])
-    a = MegatronActor.from_hf(hf, _actor_cfg(), temperature=1.0, max_response_length=6, device=torch.device("cuda"),
-                              dtype=dtype)
+    cfg = _actor_cfg(optimizer)
+    cfg = cfg.model_copy(update={"lr": cfg.lr * lr_scale})
+    a = MegatronActor.from_hf(hf, cfg, temperature=1.0, max_response_length=6, device=torch.device("cuda"), dtype=dtype)
     dispatcher = a.bridge.config.moe_token_dispatcher_type
-    use_megatron_optimizer(a)
+    init_gpu = _megatron_named(a)  # the bf16 (or fp32) weights the masters start from
+    use_megatron_optimizer(a, optimizer)
+    grads: list[dict[str, torch.Tensor]] = []
+    sync = a.ddp.finish_grad_sync
+
+    def recording() -> None:
+        sync()
+        grads.append({k: p.main_grad.detach().float().cpu().clone() for k, p in a.gpt.named_parameters()})
+
+    a.ddp.finish_grad_sync = recording
     metrics = a.update(_batch(), 2)
     after = dict(a.named_weights())
     worst, n_out, n_all, moved = 0.0, 0, 0, 0.0
     agree, big = 0, 0  # update direction where the CPU update is at least half a step
+    step = ref.get("lr", ARGS_LR) if optimizer == "adam" else None
     for k, want in ref["after"].items():
         got = after[k].float().cpu()
         d = (got - want).abs()
         d_cpu, d_gpu = want - ref["init"][k].float(), got - ref["init"][k].float()
-        sel = d_cpu.abs() > ARGS_LR / 2
-        big += int(sel.sum())
-        agree += int((torch.sign(d_cpu[sel]) == torch.sign(d_gpu[sel])).sum())
+        if step is not None:
+            sel = d_cpu.abs() > step / 2
+            big += int(sel.sum())
+            agree += int((torch.sign(d_cpu[sel]) == torch.sign(d_gpu[sel])).sum())
         if dtype == torch.bfloat16:
             tol = 2.5e-4 + 8e-3 * want.abs()  # bf16 rounding of the weight (2^-8 relative) + a quarter Adam step
         else:
@@ -112,14 +211,32 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16) -> dict:
         n_all += d.numel()
         worst = max(worst, float(d.max()))
         moved = max(moved, float((want - ref["init"][k]).abs().max()))
-    out = {"dtype": str(dtype).removeprefix("torch."), "dispatcher": dispatcher, "optimizer": type(a.megatron_optimizer).__name__,
+    out = {"optimizer_rule": optimizer, "lr": cfg.lr, "lr_scale": lr_scale, "dtype": str(dtype).removeprefix("torch."),
+           "dispatcher": dispatcher, "optimizer": type(a.megatron_optimizer).__name__,
+           "inner_optimizers": [type(getattr(o, "optimizer", o)).__name__ for o in
+                                getattr(a.megatron_optimizer, "chained_optimizers", [a.megatron_optimizer])],
            "grad_norm_gpu": metrics["actor/grad_norm"], "grad_norm_cpu": ref["metrics"]["actor/grad_norm"],
            "pg_loss_gpu": metrics["actor/pg_loss"], "pg_loss_cpu": ref["metrics"]["actor/pg_loss"],
-           "max_abs_weight_diff": worst, "elements_outside_tol": n_out, "elements": n_all,
-           "max_update_cpu": moved, "update_sign_agreement": agree / max(big, 1), "elements_moved_half_step": big,
            "experts_module": type(a.gpt.decoder.layers[0].mlp.experts).__name__,
-           "attention_module": type(a.gpt.decoder.layers[0].self_attention.core_attention).__name__,
-           "pass": n_out <= n_all // 1000}
+           "attention_module": type(a.gpt.decoder.layers[0].self_attention.core_attention).__name__}
+    weights = {"max_abs_weight_diff": worst, "elements_outside_tol": n_out, "elements": n_all, "max_update_cpu": moved}
+    if step is not None:
+        weights.update(update_sign_agreement=agree / max(big, 1), elements_moved_half_step=big,
+                       **{"pass": n_out <= n_all // 1000})
+    out["weights_vs_cpu_adam_bound"] = weights
+    rtol = SGD_RTOL[dtype]
+    if "grads" in ref:  # reduced fp32 main gradients of each mini-batch
+        out["grads"] = [_rel_check(g, w, rtol) for g, w in zip(grads, ref["grads"])]
+    if "after_megatron" in ref:
+        masters = _masters(a) if dtype != torch.float32 else _megatron_named(a)
+        u_gpu = {k: masters[k] - init_gpu[k] for k in masters}
+        u_cpu = {k: ref["after_megatron"][k] - ref["init_megatron"][k] for k in ref["after_megatron"]}
+        out["update"] = _rel_check(u_gpu, u_cpu, rtol, weights=ref["after_megatron"])
+        out["update"]["rms_update_cpu"] = float(torch.cat([u.flatten() for u in u_cpu.values()]).pow(2).mean().sqrt())
+    if optimizer == "sgd":
+        out["pass"] = out["update"]["pass"] and all(g["pass"] for g in out["grads"][:1])
+    else:
+        out["pass"] = weights["pass"]
     print("check:", json.dumps(out))
     from megatron.core import parallel_state as ps
 
@@ -371,7 +488,8 @@ def bench(layers: int, batch: int, seq: int, peak: float, warmup: int, steps: in
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reference", help="CPU: write the fp32 reference here")
-    p.add_argument("--check", help="GPU: compare with this reference")
+    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="--reference: the update rule")
+    p.add_argument("--check", help="GPU: compare with these references (comma-separated)")
     p.add_argument("--bench", action="store_true")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--batch", type=int, default=8)
@@ -387,16 +505,27 @@ def main() -> None:
     a = p.parse_args()
     results: dict = {}
     if a.reference:
-        reference(a.reference)
+        reference(a.reference, a.optimizer)
         return
-    if a.check:
-        for dtype in (torch.float32, torch.bfloat16):
-            key = f"check_{str(dtype).removeprefix('torch.')}"
+    for path in a.check.split(",") if a.check else []:
+        rule = torch.load(path, weights_only=False).get("optimizer", "adam")
+        runs = [(torch.float32, 1.0), (torch.bfloat16, 1.0)]
+        if rule == "sgd":
+            runs.append((torch.bfloat16, BROKEN_LR_SCALE))  # must fail
+        for dtype, scale in runs:
+            key = f"check_{rule}_{str(dtype).removeprefix('torch.')}" + ("_broken_lr" if scale != 1.0 else "")
             try:
-                results[key] = check(a.check, dtype)
+                results[key] = check(path, dtype, scale)
             except Exception as e:  # noqa: BLE001 - reported in the results, the benchmark still runs
                 traceback.print_exc()
                 results[key] = {"error": f"{type(e).__name__}: {e}"}
+    for key, r in results.items():
+        if key.startswith("check_") and "error" not in r:
+            u = r.get("update", {})
+            g = (r.get("grads") or [{}])[0]
+            print(f"{key:32s} pass={r['pass']} weights outside adam bound {r['weights_vs_cpu_adam_bound']['elements_outside_tol']}"
+                  f" | update outside {u.get('elements_outside')} worst rel {u.get('worst_tensor_rel_err', 0):.2e}"
+                  f" | grads(mb1) outside {g.get('elements_outside')} worst rel {g.get('worst_tensor_rel_err', 0):.2e}")
     if a.bench:
         names, prof = a.variants.split(","), [v for v in a.profile.split(",") if v]
         unknown = sorted(set(names + prof) - set(VARIANTS))
