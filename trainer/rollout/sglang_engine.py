@@ -28,8 +28,9 @@ How it is driven:
   `/abort_request` calls) and the stream is drained, so each row keeps the tokens and log-probs
   it had, with finish reason "abort". `continue_generation` submits prompt + partial tokens as new
   requests under the current weights, with the remaining budget.
-- `update_weights`: tensors (HF names, on this GPU, in the engine dtype) sent in buckets of about
-  `_BUCKET_BYTES` through `engine.update_weights_from_tensor(named_tensors=..., flush_cache=<last
+- `update_weights`: tensors (HF checkpoint names: transformers' in-memory names from either training
+  backend turned into the checkpoint layout by `trainer/rollout/checkpoint_layout.py`, per-expert MoE
+  tensors included; on this GPU, in the engine dtype) sent in buckets of about `_BUCKET_BYTES` through `engine.update_weights_from_tensor(named_tensors=..., flush_cache=<last
   bucket>)`; SGLang serializes them once per TP rank (CUDA IPC handles) and its loader maps HF
   names (fused q/k/v, gate/up) itself. A `(False, message)` result raises. The fully-async rollout
   worker receives the trainer's weights over the project's broadcast group first
@@ -169,12 +170,14 @@ def rollout_from_sglang(prompts: list[list[int]], outputs: list[dict[str, Any]],
 
 
 def weight_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int,
-                   dtype: torch.dtype | None = None, device: torch.device | None = None
+                   dtype: torch.dtype | None = None, device: torch.device | None = None,
+                   layout: Callable[..., Iterable[tuple[str, torch.Tensor]]] | None = None
                    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
-    """Lists of (HF name, tensor) of about `bucket_bytes` each (a larger tensor gets its own list)."""
+    """Lists of (HF checkpoint name, tensor) of about `bucket_bytes` each (a larger tensor gets its own
+    list); `layout`: in-memory names to the checkpoint layout (`trainer/rollout/checkpoint_layout.py`)."""
     bucket: list[tuple[str, torch.Tensor]] = []
     size = 0
-    for name, t in engine_weights(named_tensors, dtype):
+    for name, t in engine_weights(named_tensors, dtype, layout):
         if device is not None and t.device != device:
             t = t.to(device)
         nbytes = t.numel() * t.element_size()
@@ -188,12 +191,13 @@ def weight_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_byt
 
 
 def send_weights(engine: Any, named_tensors: Iterable[tuple[str, torch.Tensor]], *, bucket_bytes: int = _BUCKET_BYTES,
-                 dtype: torch.dtype | None = None, device: torch.device | None = None) -> int:
+                 dtype: torch.dtype | None = None, device: torch.device | None = None,
+                 layout: Callable[..., Iterable[tuple[str, torch.Tensor]]] | None = None) -> int:
     """Push weights through `engine.update_weights_from_tensor`, flushing the cache after the last
     bucket only. Returns the number of calls made."""
     calls = 0
     pending: list[tuple[str, torch.Tensor]] | None = None
-    for bucket in weight_buckets(named_tensors, bucket_bytes, dtype, device):
+    for bucket in weight_buckets(named_tensors, bucket_bytes, dtype, device, layout):
         if pending is not None:
             _update(engine, pending, flush_cache=False)
             calls += 1
@@ -216,8 +220,10 @@ class SGLangRolloutEngine(InterruptibleEngine):
     name = "sglang"
 
     def __init__(self, engine: Any, *, eos_token_ids: list[int], dtype: torch.dtype | None = None,
-                 device: torch.device | None = None, bucket_bytes: int = _BUCKET_BYTES, seed: int = 0):
+                 device: torch.device | None = None, bucket_bytes: int = _BUCKET_BYTES, seed: int = 0,
+                 layout: Callable[..., Iterable[tuple[str, torch.Tensor]]] | None = None):
         self.engine = engine
+        self.layout = layout  # in-memory HF names -> the checkpoint layout SGLang loads (None: sent as they come)
         self.eos_token_ids = list(eos_token_ids)
         self.dtype = dtype
         self.device = device
@@ -286,7 +292,8 @@ class SGLangRolloutEngine(InterruptibleEngine):
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         if self._asleep:
             self.wake_up()
-        send_weights(self.engine, named_tensors, bucket_bytes=self.bucket_bytes, dtype=self.dtype, device=self.device)
+        send_weights(self.engine, named_tensors, bucket_bytes=self.bucket_bytes, dtype=self.dtype, device=self.device,
+                     layout=self.layout)
         self._weights_released = False
         self.version += 1
 
@@ -343,6 +350,9 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
     vision = load_vision_processor(cfg.model.path, tokenizer, model) if is_vlm(model) else None
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer,
                                      image_processor=vision.image_processor if vision is not None else None)
+    from trainer.rollout.checkpoint_layout import CheckpointLayout
+
+    layout = CheckpointLayout(model)
     engine = sglang.Engine(**engine_kwargs(cfg, model_dir, device))
     return SGLangRolloutEngine(engine, eos_token_ids=eos_ids, dtype=resolve_dtype(cfg.model.dtype), device=device,
-                               seed=cfg.trainer.seed)
+                               seed=cfg.trainer.seed, layout=layout)

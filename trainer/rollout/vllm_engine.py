@@ -32,9 +32,13 @@ The calls it makes:
   under the current weights (their KV is recomputed, the prefix cache having been reset at the
   weight update), with the remaining token budget. Every token keeps the log-prob and the policy
   version it was sampled with (`Rollout.token_versions`).
-- `update_weights`: one `llm.collective_rpc("rlbench_load_weights", args=(names, payloads))` into
-  the worker extension, which runs vLLM's layerwise `reload_weights` (and re-dispatches a tied LM
-  head on CPU; see trainer/rollout/vllm_worker.py), then `llm.reset_prefix_cache()`.
+- `update_weights`: the trainer's weights (transformers' in-memory names, what
+  `actor.named_weights()` yields from either training backend) turned into the model's checkpoint
+  layout (`trainer/rollout/checkpoint_layout.py`: per-expert MoE tensors, Mixtral's
+  `block_sparse_moe`), then one `llm.collective_rpc("rlbench_load_weights", args=(names, payloads))`
+  into the worker extension, which runs vLLM's layerwise `reload_weights` (and on CPU re-dispatches
+  a tied LM head and re-packs reloaded MoE experts; see trainer/rollout/vllm_worker.py), then
+  `llm.reset_prefix_cache()`.
 - `sleep` / `wake_up`: `llm.sleep(level=1)` / `llm.wake_up()`. On GPU (enable_sleep_mode) that
   offloads the weights and drops the KV cache. On CPU vLLM's worker frees nothing (it logs "sleep
   mode is not supported on CPU"): the scheduler pauses and the prefix cache is reset, no more.
@@ -133,14 +137,18 @@ def hf_weight_name(name: str) -> str:
     return ".".join(parts)
 
 
-def engine_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None
+def engine_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None,
+                   layout: Callable[[Iterable[tuple[str, torch.Tensor]]], Iterable[tuple[str, torch.Tensor]]] | None = None
                    ) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, tensor) pairs for an engine's loader, cast to `dtype` when given (lazy)."""
-    for name, tensor in named_tensors:
-        t = tensor.detach()
-        if dtype is not None and t.dtype != dtype:
-            t = t.to(dtype)
-        yield hf_weight_name(name), t
+    """(HF name, tensor) pairs for an engine's loader, cast to `dtype` when given (lazy); `layout`: the
+    model's in-memory names to its checkpoint layout (`trainer/rollout/checkpoint_layout.py`)."""
+    def pairs() -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in named_tensors:
+            t = tensor.detach()
+            if dtype is not None and t.dtype != dtype:
+                t = t.to(dtype)
+            yield hf_weight_name(name), t
+    yield from (layout(pairs()) if layout is not None else pairs())
 
 
 def model_dir_for_engine(model_path: str, load_format: str, model: torch.nn.Module, tokenizer: Any,
@@ -256,8 +264,9 @@ class VLLMRolloutEngine(InterruptibleEngine):
                  dtype: torch.dtype | None = None, seed: int = 0, in_process: bool = False,
                  device: torch.device | None = None, tokens_prompt: Any = None, sampling_params_cls: Any = None,
                  delta_kind: Any = None, dead_errors: tuple[type[BaseException], ...] = (),
-                 image_token_id: int | None = None):
+                 image_token_id: int | None = None, layout: Callable[..., Iterable[tuple[str, torch.Tensor]]] | None = None):
         self.llm = llm
+        self.layout = layout  # in-memory HF names -> the checkpoint layout vLLM loads (None: sent as they come)
         self.image_token_id = image_token_id  # a vision-language model's <|image_pad|> id; None: text-only
         self.takes_images = image_token_id is not None  # `trainer.steps.generate` then passes the decoded images
         self.eos_token_ids = list(eos_token_ids)
@@ -373,7 +382,7 @@ class VLLMRolloutEngine(InterruptibleEngine):
         if self._asleep:
             self.wake_up()
         names, payloads = [], []
-        for name, t in engine_weights(named_tensors, self.dtype):
+        for name, t in engine_weights(named_tensors, self.dtype, self.layout):
             names.append(name)
             payloads.append(t.contiguous() if self.in_process else encode_tensor(t))  # one host copy each
         try:
@@ -454,6 +463,9 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
     dtype = resolve_dtype(cfg.model.dtype)
     specs = [(hf_weight_name(n), tuple(p.shape), dtype or p.dtype) for n, p in model.named_parameters()]
     from trainer.models_vlm import is_vlm, load_vision_processor
+    from trainer.rollout.checkpoint_layout import CheckpointLayout
+
+    layout = CheckpointLayout(model)
 
     vision = load_vision_processor(cfg.model.path, tokenizer, model) if is_vlm(model) else None
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer,
@@ -479,4 +491,4 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
                              in_process=in_process, device=device, tokens_prompt=TokensPrompt,
                              sampling_params_cls=vllm.SamplingParams, delta_kind=RequestOutputKind.DELTA,
                              dead_errors=(EngineDeadError, EngineGenerateError),
-                             image_token_id=vision.image_token_id if vision is not None else None)
+                             image_token_id=vision.image_token_id if vision is not None else None, layout=layout)

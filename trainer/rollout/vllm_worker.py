@@ -19,13 +19,27 @@ the embedding, and the reload re-processes only one of the two parents (vLLM's
 weights. `rlbench_load_weights` re-dispatches it after every load (the head is
 `model.language_model.lm_head` in vLLM's Qwen2-VL / Qwen2.5-VL). A partial load (a frozen
 vision tower left out) is vLLM's too: layers that get no tensors keep their kernel tensors.
+
+A second one, for mixtures of experts on the CPU backend: vLLM's CPU experts kernel
+(`CPUUnquantizedExperts`) computes from expert weights prepacked into its grouped-GEMM layout,
+and the prepack runs in `moe_kernel.fused_experts.process_weights_after_loading`, which the
+unquantized MoE method calls on the first load only (`_setup_kernel`: "Setup moe kernel only on
+the first call"). A reload therefore leaves the new weights unpacked and the kernel reads them
+as packed: measured on tiny:qwen3_moe, resending the very weights the engine started with moved
+its log-probs by 7.2 nats. `rlbench_load_weights` runs that prepack again on every MoE layer
+whose experts were in the load (`_reloaded_moe_layers`), and on no other (a packed weight
+packed twice is wrong too).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
+
+_LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def _tied(model: Any) -> bool:
@@ -38,6 +52,32 @@ def _lm_head(model: Any) -> Any:
     """The LM head: on the model (text models) or on its `language_model` (vLLM's Qwen2-VL family)."""
     head = getattr(model, "lm_head", None)
     return head if head is not None else getattr(getattr(model, "language_model", None), "lm_head", None)
+
+
+def _cpu_moe_layers(model: Any) -> Iterator[tuple[str, Any, Any]]:
+    """(module name, module, fused experts) of the MoE layers whose experts kernel prepacks its weights
+    (vLLM's CPU experts: `process_weights_after_loading` overridden from the base no-op)."""
+    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExperts
+
+    base = getattr(FusedMoEExperts, "process_weights_after_loading", None)
+    for name, module in model.named_modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None and getattr(type(experts), "process_weights_after_loading", None) is not base:
+            yield name, module, experts
+
+
+def _reloaded_moe_layers(names: list[str], model: Any) -> list[tuple[Any, Any]]:
+    """(module, fused experts) of each prepacking MoE layer whose decoder layer's experts are among
+    `names` (HF names: `...layers.<i>.mlp.experts...`, `...block_sparse_moe.experts...`)."""
+    sent = {m.group(1) for n in names if ".experts." in n or n.endswith(".experts")
+            for m in [_LAYER_INDEX.search(n)] if m}
+    out = []
+    for name, module, experts in _cpu_moe_layers(model):
+        m = _LAYER_INDEX.search(name)
+        if m and m.group(1) in sent:
+            out.append((module, experts))
+    return out
 
 
 def encode_tensor(t: torch.Tensor) -> list[Any]:
@@ -69,11 +109,15 @@ class RLBenchWorkerExtension:
         self.model_runner.reload_weights(weights_iterator=iter(pairs),  # type: ignore[attr-defined]
                                          is_checkpoint_format=True)
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
+        if self.device.type != "cpu":  # type: ignore[attr-defined]
+            return len(names)
         head = _lm_head(model)
-        if self.device.type == "cpu" and _tied(model) and head is not None:  # type: ignore[attr-defined]
+        if _tied(model) and head is not None:
             from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
 
             dispatch_cpu_unquantized_gemm(head, remove_weight=False)
+        for module, experts in _reloaded_moe_layers(names, model):  # the CPU experts' prepack (module docstring)
+            experts.process_weights_after_loading(module)
         return len(names)
 
     def rlbench_model_facts(self) -> dict[str, Any]:
