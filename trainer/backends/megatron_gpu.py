@@ -77,8 +77,9 @@ class _Steps:
         if len(inner) != len(state["inner"]):
             raise RuntimeError(f"megatron optimizer checkpoint: {len(state['inner'])} optimizers saved, "
                                f"{len(inner)} built")
-        for opt, sd in zip(inner, state["inner"]):
-            opt.load_state_dict(sd)
+        with torch.no_grad():  # fp32 params: the optimizer's main params are views of the module's
+            for opt, sd in zip(inner, state["inner"]):
+                opt.load_state_dict(sd)
         use_fused_adam(self.opt)  # the loaded step counts go back onto the parameters' device
         self.count = state["count"]
         self._set_lr()
@@ -119,9 +120,11 @@ class _Scheduler:
         self.steps._set_lr()
 
 
-def use_megatron_optimizer(actor: Any, optimizer: str = "adam") -> None:
+def use_megatron_optimizer(actor: Any, optimizer: str = "adam", adam_eps: float = 1e-8) -> None:
     """Wrap `actor.model` in megatron's DDP and give it megatron's distributed optimizer (`optimizer`:
-    "adam", AdamW with the actor's betas and weight decay; "sgd", plain SGD without momentum)."""
+    "adam", AdamW with the actor's betas and weight decay; "sgd", plain SGD without momentum, which
+    megatron-core 0.19's distributed optimizer refuses, so it runs in megatron's non-distributed
+    mixed-precision optimizer: fp32 masters, one data-parallel copy)."""
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
@@ -130,14 +133,15 @@ def use_megatron_optimizer(actor: Any, optimizer: str = "adam") -> None:
                            "CUDA unless actor.megatron.optimizer=torch)")
     cfg = actor.cfg
     tcfg = actor.bridge.config
+    distributed = optimizer != "sgd"
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                            use_distributed_optimizer=True)
+                                            use_distributed_optimizer=distributed)
     ddp = DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=actor.model)
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"use_megatron_optimizer: optimizer={optimizer!r} (adam or sgd)")
     ocfg = OptimizerConfig(optimizer=optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
-                           adam_beta2=cfg.betas[1], adam_eps=1e-8, sgd_momentum=0.0, clip_grad=cfg.grad_clip,
-                           bf16=tcfg.bf16, params_dtype=tcfg.params_dtype, use_distributed_optimizer=True)
+                           adam_beta2=cfg.betas[1], adam_eps=adam_eps, sgd_momentum=0.0, clip_grad=cfg.grad_clip,
+                           bf16=tcfg.bf16, params_dtype=tcfg.params_dtype, use_distributed_optimizer=distributed)
     opt = get_megatron_optimizer(ocfg, [ddp], config_overrides={})  # {}: weight decay on every parameter
     use_fused_adam(opt)
     actor.ddp = ddp

@@ -64,10 +64,17 @@ def _tiny_moe():
     return m
 
 
+# update rules of the parity check: name -> (lr, Adam betas, Adam eps); `sgd` is plain SGD. `adam_linear` is
+# Adam with beta1 = 0 and eps = 1: its step lr g / (sqrt(v_hat) + 1) is lr g to within |g| (< 3e-3 here), so
+# proportional to the gradient like SGD's, and it runs in megatron's distributed optimizer, which refuses SGD
+RULES = {"adam": (ARGS_LR, (0.9, 0.999), 1e-8), "sgd": (SGD_LR, None, None), "adam_linear": (SGD_LR, (0.0, 0.999), 1.0)}
+
+
 def _actor_cfg(optimizer: str = "adam") -> ActorConfig:
     # megatron.optimizer=torch: the check sets megatron's optimizer itself, with the update rule under test
-    return ActorConfig(lr=SGD_LR if optimizer == "sgd" else ARGS_LR, ppo_mini_batch_size=2,
-                       ppo_micro_batch_size_per_gpu=2, grad_clip=1e9, megatron={"optimizer": "torch"})
+    lr, betas, _ = RULES[optimizer]
+    return ActorConfig(lr=lr, betas=betas or (0.9, 0.999), ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2,
+                       grad_clip=1e9, megatron={"optimizer": "torch"})
 
 
 def _batch():
@@ -92,9 +99,13 @@ def reference(path: str, optimizer: str = "adam") -> None:
     init = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     a = MegatronActor.from_hf(hf, _actor_cfg(optimizer), temperature=1.0, max_response_length=6,
                               device=torch.device("cpu"))
+    params = [p for p in a.model.parameters() if p.requires_grad]
+    lr, betas, eps = RULES[optimizer]
     if optimizer == "sgd":
-        a.optimizer = torch.optim.SGD([p for p in a.model.parameters() if p.requires_grad], lr=SGD_LR, momentum=0.0)
-        a.scheduler = torch.optim.lr_scheduler.LambdaLR(a.optimizer, lambda s: 1.0)
+        a.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.0)
+    else:
+        a.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0)
+    a.scheduler = torch.optim.lr_scheduler.LambdaLR(a.optimizer, lambda s: 1.0)
     init_mg = _megatron_named(a)
     grads: list[dict[str, torch.Tensor]] = []
     finish = a.finish_grads_and_clip
@@ -118,8 +129,10 @@ def _masters(a) -> dict[str, torch.Tensor]:
     names = {id(p): k for k, p in a.gpt.named_parameters()}
     out = {}
     for opt in getattr(a.megatron_optimizer, "chained_optimizers", [a.megatron_optimizer]):
+        # the distributed optimizer's shards, or the non-distributed mixed-precision optimizer's copies
         pairs = list(zip(getattr(opt, "model_float16_groups", []), getattr(opt, "shard_fp32_from_float16_groups", [])))
         pairs += list(zip(getattr(opt, "model_fp32_groups", []), getattr(opt, "shard_fp32_groups", [])))
+        pairs += list(zip(getattr(opt, "float16_groups", []), getattr(opt, "fp32_from_float16_groups", [])))
         for model_group, main_group in pairs:
             for p, main in zip(model_group, main_group):
                 if main.numel() != p.numel():
@@ -181,7 +194,7 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
     a = MegatronActor.from_hf(hf, cfg, temperature=1.0, max_response_length=6, device=torch.device("cuda"), dtype=dtype)
     dispatcher = a.bridge.config.moe_token_dispatcher_type
     init_gpu = _megatron_named(a)  # the bf16 (or fp32) weights the masters start from
-    use_megatron_optimizer(a, optimizer)
+    use_megatron_optimizer(a, "sgd" if optimizer == "sgd" else "adam", adam_eps=RULES[optimizer][2] or 1e-8)
     grads: list[dict[str, torch.Tensor]] = []
     sync = a.ddp.finish_grad_sync
 
@@ -194,7 +207,7 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
     after = dict(a.named_weights())
     worst, n_out, n_all, moved = 0.0, 0, 0, 0.0
     agree, big = 0, 0  # update direction where the CPU update is at least half a step
-    step = ref.get("lr", ARGS_LR) if optimizer == "adam" else None
+    step = ref.get("lr", ARGS_LR) if optimizer == "adam" else None  # Adam's step size (sign-like rule only)
     for k, want in ref["after"].items():
         got = after[k].float().cpu()
         d = (got - want).abs()
@@ -233,7 +246,7 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
         u_cpu = {k: ref["after_megatron"][k] - ref["init_megatron"][k] for k in ref["after_megatron"]}
         out["update"] = _rel_check(u_gpu, u_cpu, rtol, weights=ref["after_megatron"])
         out["update"]["rms_update_cpu"] = float(torch.cat([u.flatten() for u in u_cpu.values()]).pow(2).mean().sqrt())
-    if optimizer == "sgd":
+    if optimizer != "adam":  # the rules whose step is proportional to the gradient
         out["pass"] = out["update"]["pass"] and all(g["pass"] for g in out["grads"][:1])
     else:
         out["pass"] = weights["pass"]
@@ -289,8 +302,9 @@ def bench_transformers(c, batch: int, seq: int, impl: str, warmup: int, steps: i
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(c, dtype=torch.bfloat16, attn_implementation="sdpa",
-                                             experts_implementation=impl).cuda()
+    with torch.device("cuda"):  # random init on the GPU (3B parameters at 4 layers: minutes on the CPU)
+        model = AutoModelForCausalLM.from_config(c, dtype=torch.bfloat16, attn_implementation="sdpa",
+                                                 experts_implementation=impl)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
     x = torch.randint(0, c.vocab_size, (batch, seq), device="cuda")
 
@@ -488,7 +502,7 @@ def bench(layers: int, batch: int, seq: int, peak: float, warmup: int, steps: in
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reference", help="CPU: write the fp32 reference here")
-    p.add_argument("--optimizer", default="adam", choices=["adam", "sgd"], help="--reference: the update rule")
+    p.add_argument("--optimizer", default="adam", choices=list(RULES), help="--reference: the update rule")
     p.add_argument("--check", help="GPU: compare with these references (comma-separated)")
     p.add_argument("--bench", action="store_true")
     p.add_argument("--layers", type=int, default=4)
@@ -510,7 +524,7 @@ def main() -> None:
     for path in a.check.split(",") if a.check else []:
         rule = torch.load(path, weights_only=False).get("optimizer", "adam")
         runs = [(torch.float32, 1.0), (torch.bfloat16, 1.0)]
-        if rule == "sgd":
+        if rule != "adam":
             runs.append((torch.bfloat16, BROKEN_LR_SCALE))  # must fail
         for dtype, scale in runs:
             key = f"check_{rule}_{str(dtype).removeprefix('torch.')}" + ("_broken_lr" if scale != 1.0 else "")
