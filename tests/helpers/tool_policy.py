@@ -28,7 +28,7 @@ import torch
 
 from tests.helpers.engines import stop_after
 from trainer.agent.loop import OBS_CLOSE
-from trainer.rollout.base import InterruptibleEngine
+from trainer.rollout.base import EngineWrapper, InterruptibleEngine
 
 MARGIN = 20.0
 CODE = "print(6 * 7)"
@@ -105,26 +105,15 @@ class ToolPolicy:
         return str(folder)
 
 
-class InterruptInAnswer(InterruptibleEngine):
+class InterruptInAnswer(EngineWrapper, InterruptibleEngine):
     """The real engine; its first decode of an answer segment is interrupted after `steps` checks of
     `should_stop` (hf, static, vLLM: before each decode step; SGLang: after each streamed chunk)."""
 
     def __init__(self, inner: InterruptibleEngine, obs_end: int, steps: int = 1) -> None:
         self.inner, self.obs_end, self.steps, self.fired = inner, obs_end, steps, False
 
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.inner.version = value
-
     def decode_rows(self, rows, budgets, params, should_stop):
         if not self.fired and rows[0][-1] == self.obs_end:
             self.fired = True
             should_stop = stop_after(self.steps)
         return self.inner.decode_rows(rows, budgets, params, should_stop)
-
-    def update_weights(self, named_tensors) -> None:
-        self.inner.update_weights(named_tensors)

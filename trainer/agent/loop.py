@@ -77,7 +77,7 @@ from trainer.agent.sandbox import check_isolation, format_observation, get_sandb
 from trainer.agent.tool_call import TOOL_CALL_CLOSE, ToolCall
 from trainer.agent.trajectory import TURN_KEYS, Trajectory
 from trainer.config import AgentConfig
-from trainer.rollout.base import InterruptibleEngine, Rollout, RolloutEngine, SamplingParams
+from trainer.rollout.base import EngineWrapper, InterruptibleEngine, Rollout, RolloutEngine, SamplingParams
 
 OBS_OPEN = "\n<tool_response>\n"
 OBS_CLOSE = "\n</tool_response>\n"
@@ -91,7 +91,7 @@ def overlap_s(span: tuple[float, float], others: list[tuple[float, float]]) -> f
     return sum(max(0.0, min(b, d) - max(a, c)) for c, d in others)
 
 
-class AgentRolloutEngine(RolloutEngine):
+class AgentRolloutEngine(EngineWrapper, RolloutEngine):
     """A `RolloutEngine` whose responses are multi-turn tool-use trajectories (module docstring)."""
 
     name = "agent"
@@ -105,29 +105,6 @@ class AgentRolloutEngine(RolloutEngine):
         self.stop_ids = list(ids) if len(ids) == 1 else []  # the closing tag is one token: stop on it
         self._open_ids = list(tokenizer.encode(OBS_OPEN, add_special_tokens=False))
         self._close_ids = list(tokenizer.encode(OBS_CLOSE, add_special_tokens=False))
-
-    # ------------------------------------------------------------ the wrapped engine
-    def __getattr__(self, item: str) -> Any:  # generator, model, device, ... of the inner engine
-        if item == "inner":
-            raise AttributeError(item)
-        return getattr(self.inner, item)
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.inner.version = value
-
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        self.inner.update_weights(named_tensors)
-
-    def sleep(self) -> None:
-        self.inner.sleep()
-
-    def wake_up(self) -> None:
-        self.inner.wake_up()
 
     def _engine(self) -> InterruptibleEngine:
         if not isinstance(self.inner, InterruptibleEngine):

@@ -8,6 +8,7 @@ measured (`training/rollout_probs_diff_*`, and `actor/ppo_kl` at the first mini-
 Two interfaces:
 
 - `RolloutEngine`: `generate(prompts, params)`, `update_weights(named_tensors)`, `sleep`/`wake_up`.
+- `EngineWrapper`: a mixin for engines that wrap another one (the tool loop's `AgentRolloutEngine`).
 - `InterruptibleEngine(RolloutEngine)`: engines whose decode loop runs under host control (`hf`,
   `static`), which is what partial rollout (fully-async mode) needs. They implement one method,
   `decode_rows(rows, budgets, params, should_stop)`, and inherit
@@ -155,6 +156,36 @@ class RolloutEngine(abc.ABC):
 
     def wake_up(self) -> None:
         """Re-acquire what `sleep` released."""
+
+
+class EngineWrapper:
+    """Mixin for an engine that wraps another (`self.inner`): the policy version, weight loads,
+    sleep / wake-up and any other attribute (generator, model, device, ...) go to the inner engine;
+    the wrapper overrides only how it samples."""
+
+    inner: RolloutEngine
+
+    def __getattr__(self, item: str) -> Any:
+        if item == "inner":  # not set yet (during unpickling or before __init__)
+            raise AttributeError(item)
+        return getattr(self.inner, item)
+
+    @property
+    def version(self) -> int:
+        return self.inner.version  # type: ignore[attr-defined]
+
+    @version.setter
+    def version(self, value: int) -> None:
+        self.inner.version = value  # type: ignore[attr-defined]
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        self.inner.update_weights(named_tensors)
+
+    def sleep(self) -> None:
+        self.inner.sleep()
+
+    def wake_up(self) -> None:
+        self.inner.wake_up()
 
 
 class InterruptibleEngine(RolloutEngine):
