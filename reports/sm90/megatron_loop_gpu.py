@@ -24,11 +24,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
-def sections(dtype: str, device: str = "cuda") -> dict:
+def sections(dtype: str, device: str = "cuda", optimizer: str = "auto") -> dict:
     return {"model": {"path": "tiny:qwen3_moe", "dtype": dtype},
             "trainer": {"total_steps": 4, "save_freq": 2, "test_freq": 2, "device": device},
             "actor": {"ppo_mini_batch_size": 2, "strategy": "megatron", "entropy_coeff": 0.01,
-                      "moe_aux_loss_coeff": 0.01}}
+                      "moe_aux_loss_coeff": 0.01, "megatron": {"optimizer": optimizer}}}
 
 
 def numbers(rows: list[dict]) -> dict[int, dict[str, float]]:
@@ -58,6 +58,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--dtypes", default="float32,bfloat16")
     p.add_argument("--device", default="cuda", help="cpu: a smoke test of this script")
+    p.add_argument("--optimizer", default="auto", help="actor.megatron.optimizer (auto: megatron's on CUDA)")
     a = p.parse_args()
     import torch
 
@@ -77,7 +78,7 @@ def main() -> None:
 
             from trainer.steps import build_components
 
-            c = build_components(load_config(tiny_config(str(out / f"{dtype}_probe"), **sections(dtype, a.device))),
+            c = build_components(load_config(tiny_config(str(out / f"{dtype}_probe"), **sections(dtype, a.device, a.optimizer))),
                                  with_engine=False)
             opt = c.actor.megatron_optimizer
             res["actor"] = {"class": type(c.actor).__name__, "optimizer_impl": c.actor.optimizer_impl,
@@ -94,7 +95,7 @@ def main() -> None:
             for name, dirname, extra in (("full", "full", []), ("full2", "full2", []),
                                          ("part", "part", ["trainer.total_steps=2"]), ("resumed", "part", [])):
                 t = time.perf_counter()
-                path = train(load_config(tiny_config(str(out / f"{dtype}_{dirname}"), **sections(dtype, a.device)), extra))
+                path = train(load_config(tiny_config(str(out / f"{dtype}_{dirname}"), **sections(dtype, a.device, a.optimizer)), extra))
                 runs[name] = read_metrics(path)
                 res[f"seconds_{name}"] = round(time.perf_counter() - t, 1)
                 print(dtype, name, "done in", res[f"seconds_{name}"], "s", flush=True)

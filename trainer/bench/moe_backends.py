@@ -41,7 +41,7 @@ import torch
 from trainer.config import ActorConfig
 
 ARGS_LR = 1e-3  # the Adam check's lr
-SGD_LR = 10.0  # the SGD check's lr: updates ~1e-4 per element, far above the fp32 rounding of the weights
+SGD_LR = 0.04  # the SGD check's lr: updates ~4e-4 rms per element, far above the fp32 rounding of the weights
 BROKEN_LR_SCALE = 1.03  # the deliberately broken SGD run: the GPU step 3% too large (the check must fail it)
 ACTOR_PROMPT = 128  # actor variants: prompt tokens of each row (the rest is its response)
 # SGD check bound r, norm-wise per tensor on the update and the gradients (see check()): bf16 params with
@@ -65,9 +65,12 @@ def _tiny_moe():
 
 
 # update rules of the parity check: name -> (lr, Adam betas, Adam eps); `sgd` is plain SGD. `adam_linear` is
-# Adam with beta1 = 0 and eps = 1: its step lr g / (sqrt(v_hat) + 1) is lr g to within |g| (< 3e-3 here), so
-# proportional to the gradient like SGD's, and it runs in megatron's distributed optimizer, which refuses SGD
-RULES = {"adam": (ARGS_LR, (0.9, 0.999), 1e-8), "sgd": (SGD_LR, None, None), "adam_linear": (SGD_LR, (0.0, 0.999), 1.0)}
+# Adam with beta1 = 0 and eps = 1000: its step lr g / (sqrt(v_hat) + 1000) is lr g / 1000 to within |g| / 1000
+# (< 1e-3 here), so proportional to the gradient like SGD's (lr 1000x SGD's for the same step), and it runs in
+# megatron's distributed optimizer, which refuses SGD
+LINEAR_EPS = 1000.0
+RULES = {"adam": (ARGS_LR, (0.9, 0.999), 1e-8), "sgd": (SGD_LR, None, None),
+         "adam_linear": (SGD_LR * LINEAR_EPS, (0.0, 0.999), LINEAR_EPS)}
 
 
 def _actor_cfg(optimizer: str = "adam") -> ActorConfig:
@@ -107,6 +110,11 @@ def reference(path: str, optimizer: str = "adam") -> None:
         a.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0)
     a.scheduler = torch.optim.lr_scheduler.LambdaLR(a.optimizer, lambda s: 1.0)
     init_mg = _megatron_named(a)
+    batch = _batch()
+    # old log-probs near the initial policy's (ratio ~ exp(+-0.05)), so the clip leaves every mini-batch a
+    # gradient (the fixed -2 +- 0.1 of `_batch`, far from this model's ~-5.5, clips the second one entirely)
+    logp0 = a.compute_logprobs(batch)
+    batch.old_logprobs = logp0 + 0.05 * torch.randn(logp0.shape, generator=torch.Generator().manual_seed(7))
     grads: list[dict[str, torch.Tensor]] = []
     finish = a.finish_grads_and_clip
 
@@ -116,8 +124,9 @@ def reference(path: str, optimizer: str = "adam") -> None:
         return norm
 
     a.finish_grads_and_clip = recording
-    metrics = a.update(_batch(), 2)
-    torch.save({"optimizer": optimizer, "lr": a.cfg.lr, "init": init, "after": dict(a.named_weights()),
+    metrics = a.update(batch, 2)
+    torch.save({"optimizer": optimizer, "lr": a.cfg.lr, "old_logprobs": batch.old_logprobs, "init": init,
+                "after": dict(a.named_weights()),
                 "init_megatron": init_mg, "after_megatron": _megatron_named(a), "grads": grads,
                 "metrics": metrics}, path)
     print(f"reference written: {path} optimizer={optimizer} grad_norm={metrics['actor/grad_norm']:.6f}")
@@ -203,7 +212,10 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
         grads.append({k: p.main_grad.detach().float().cpu().clone() for k, p in a.gpt.named_parameters()})
 
     a.ddp.finish_grad_sync = recording
-    metrics = a.update(_batch(), 2)
+    batch = _batch()
+    if "old_logprobs" in ref:  # the reference's near-policy old log-probs
+        batch.old_logprobs = ref["old_logprobs"]
+    metrics = a.update(batch, 2)
     after = dict(a.named_weights())
     worst, n_out, n_all, moved = 0.0, 0, 0, 0.0
     agree, big = 0, 0  # update direction where the CPU update is at least half a step
