@@ -95,6 +95,8 @@ def _meg(tmp_path: Path, *, model: str = "tiny:qwen3", trainer: dict | None = No
      r"^actor\.megatron\.tensor_model_parallel_size=2: an MoE model under tensor parallelism needs sequence"),
     ({"megatron": {"tensor_model_parallel_size": 2}, "trainer": {"mode": "fully_async"}},
      r"^actor\.megatron\.tensor_model_parallel_size=2: does not divide the 1 trainer ranks \(async\.train_gpus\)"),
+    ({"model": "tiny:qwen2.5-vl"}, r"^actor\.strategy=megatron: model\.path=tiny:qwen2\.5-vl is a vision-language "
+                                   r"model, and the Megatron backend builds no vision tower"),
 ])
 def test_megatron_unbuilt_settings_stop_at_start(tmp_path, kw, match):
     with pytest.raises(ConfigError, match=match) as e:
@@ -113,3 +115,6 @@ def test_megatron_layouts_that_run_are_accepted(tmp_path):
     check_strategy(upcycled.model_copy(update={"model": upcycled.model.model_copy(update={"upcycle_num_experts": 4})}))
     cfg = _meg(tmp_path, trainer={"mode": "fully_async"}, megatron={"tensor_model_parallel_size": 2})
     check_strategy(cfg.model_copy(update={"async_": cfg.async_.model_copy(update={"train_gpus": 2})}))
+    for engine in ("vllm", "sglang"):  # the export feeds every engine (tests/engines/test_vllm_megatron.py)
+        cfg = _meg(tmp_path, model="tiny:mixtral")
+        check_strategy(cfg.model_copy(update={"rollout": cfg.rollout.model_copy(update={"engine": engine})}))

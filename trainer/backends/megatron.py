@@ -17,7 +17,10 @@ mbridge's name tables and tensor conversions (fused QKV layout, gate/up fusion, 
 for each one, with `LOCAL_TO_TE` translating the local spec's names to the names mbridge knows.
 HF weights come from the checkpoint layout `save_pretrained` writes (per-expert tensors for MoE);
 export converts back to that layout, then to transformers' in-memory layout (experts fused in 3D
-`gate_up_proj` / `down_proj`), so every rollout engine's existing weight sync takes them.
+`gate_up_proj` / `down_proj`): the names the FSDP2 backend yields, so every rollout engine's weight
+sync takes them as it takes FSDP2's (hf and static load them in memory; vLLM and SGLang get them
+turned into the checkpoint layout by `trainer/rollout/checkpoint_layout.py`; tests/engines/
+test_vllm_megatron.py, tests/unit/test_sglang_megatron_sync.py).
 
 Batches: megatron-core's RoPE uses the token's index in the row, not `position_ids`, so each row is
 left-aligned (its real tokens moved to the front, the padding to the back; positions then equal the
@@ -124,9 +127,6 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
     if cfg.critic.enable:
         raise ConfigError("critic.enable: the critic is not built for actor.strategy=megatron (fix: turn it off, or "
                           "actor.strategy=fsdp2)")
-    if cfg.rollout.engine not in ("hf", "static"):
-        raise ConfigError(f"rollout.engine={cfg.rollout.engine}: actor.strategy=megatron's weight export has run into "
-                          f"the hf and static engines only (fix: rollout.engine=hf, or actor.strategy=fsdp2)")
     if cfg.model.gradient_checkpointing:
         raise ConfigError("model.gradient_checkpointing: not wired for actor.strategy=megatron (fix: set it false)")
 

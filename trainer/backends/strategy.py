@@ -93,6 +93,11 @@ def check_strategy(cfg: TrainerConfig) -> None:
     if missing is not None:
         raise ConfigError(f"actor.strategy=megatron: the package '{missing}' is not installed (fix: {INSTALL_FIX}, "
                           f"or set actor.strategy=fsdp2)")
+    from trainer.models_vlm import model_is_vlm
+
+    if model_is_vlm(cfg.model.path):  # megatron's GPT is a text model: no vision tower to train or export
+        raise ConfigError(f"actor.strategy=megatron: model.path={cfg.model.path} is a vision-language model, and the "
+                          f"Megatron backend builds no vision tower (fix: actor.strategy=fsdp2)")
     mtype = model_type(cfg.model)
     supported = bridge_model_types()
     if mtype not in supported:
