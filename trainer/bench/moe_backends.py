@@ -93,28 +93,61 @@ def _megatron_named(a) -> dict[str, torch.Tensor]:
     return {k: v.detach().float().cpu().clone() for k, v in a.gpt.named_parameters()}
 
 
-def reference(path: str, optimizer: str = "adam") -> None:
-    """CPU, fp32: the update with torch AdamW (`adam`) or plain SGD (`sgd`), the gradients of each mini-batch
-    (after the reduction, before the step) and the weights by HF and by megatron name."""
+def _fp32_masters(params: list[torch.nn.Parameter], make) -> torch.optim.Optimizer:
+    """`make(masters)`'s optimizer over fp32 copies of bf16 `params`, as megatron's mixed-precision optimizer on the
+    GPU: before each step the bf16 gradient goes to its master as fp32 (and leaves the param), after it the
+    master is rounded back into the param."""
+    masters = [torch.nn.Parameter(p.detach().float().clone()) for p in params]
+    opt = make(masters)
+
+    def pre(*_):
+        for p, m in zip(params, masters):
+            m.grad = p.grad.float()
+            p.grad = None
+
+    def post(*_):
+        with torch.no_grad():
+            for p, m in zip(params, masters):
+                p.copy_(m)
+
+    opt.register_step_pre_hook(pre)
+    opt.register_step_post_hook(post)
+    opt.masters = dict(zip(map(id, params), masters))
+    return opt
+
+
+def reference(path: str, optimizer: str = "adam", dtype: torch.dtype = torch.float32, base: str | None = None) -> None:
+    """CPU: the update with torch AdamW (`adam`, `adam_linear`) or plain SGD (`sgd`), the gradients of each
+    mini-batch (after the reduction, before the step) and the weights by HF and by megatron name. fp32, or
+    `dtype` bfloat16: bf16 params with fp32 masters (`_fp32_masters`), the GPU bf16 run's arithmetic on the CPU;
+    then `base` (the fp32 reference of the same rule) gives the old log-probs, so both see the same batch."""
     from trainer.backends.megatron import MegatronActor
 
     hf = _tiny_moe()
     init = {k: v.detach().clone() for k, v in hf.state_dict().items()}
     a = MegatronActor.from_hf(hf, _actor_cfg(optimizer), temperature=1.0, max_response_length=6,
-                              device=torch.device("cpu"))
+                              device=torch.device("cpu"), dtype=dtype)
     params = [p for p in a.model.parameters() if p.requires_grad]
     lr, betas, eps = RULES[optimizer]
     if optimizer == "sgd":
-        a.optimizer = torch.optim.SGD(params, lr=lr, momentum=0.0)
+        def make(ps): return torch.optim.SGD(ps, lr=lr, momentum=0.0)
     else:
-        a.optimizer = torch.optim.AdamW(params, lr=lr, betas=betas, eps=eps, weight_decay=0.0)
+        def make(ps): return torch.optim.AdamW(ps, lr=lr, betas=betas, eps=eps, weight_decay=0.0)
+    a.optimizer = make(params) if dtype == torch.float32 else _fp32_masters(params, make)
     a.scheduler = torch.optim.lr_scheduler.LambdaLR(a.optimizer, lambda s: 1.0)
     init_mg = _megatron_named(a)
     batch = _batch()
-    # old log-probs near the initial policy's (ratio ~ exp(+-0.05)), so the clip leaves every mini-batch a
-    # gradient (the fixed -2 +- 0.1 of `_batch`, far from this model's ~-5.5, clips the second one entirely)
-    logp0 = a.compute_logprobs(batch)
-    batch.old_logprobs = logp0 + 0.05 * torch.randn(logp0.shape, generator=torch.Generator().manual_seed(7))
+    if base is not None:
+        b = torch.load(base, weights_only=False)
+        if b.get("optimizer", "adam") != optimizer or b.get("dtype", "float32") != "float32":
+            raise SystemExit(f"--base {base}: not an fp32 reference of rule {optimizer} (fix: pass the one "
+                             f"written with --optimizer {optimizer} and no --dtype)")
+        batch.old_logprobs = b["old_logprobs"]
+    else:
+        # old log-probs near the initial policy's (ratio ~ exp(+-0.05)), so the clip leaves every mini-batch a
+        # gradient (the fixed -2 +- 0.1 of `_batch`, far from this model's ~-5.5, clips the second one entirely)
+        logp0 = a.compute_logprobs(batch)
+        batch.old_logprobs = logp0 + 0.05 * torch.randn(logp0.shape, generator=torch.Generator().manual_seed(7))
     grads: list[dict[str, torch.Tensor]] = []
     finish = a.finish_grads_and_clip
 
@@ -125,11 +158,15 @@ def reference(path: str, optimizer: str = "adam") -> None:
 
     a.finish_grads_and_clip = recording
     metrics = a.update(batch, 2)
-    torch.save({"optimizer": optimizer, "lr": a.cfg.lr, "old_logprobs": batch.old_logprobs, "init": init,
-                "after": dict(a.named_weights()),
-                "init_megatron": init_mg, "after_megatron": _megatron_named(a), "grads": grads,
+    masters = getattr(a.optimizer, "masters", None)  # bf16: the update is the fp32 masters'
+    after_mg = ({k: masters[id(p)].detach().clone() for k, p in a.gpt.named_parameters()} if masters is not None
+                else _megatron_named(a))
+    torch.save({"optimizer": optimizer, "dtype": str(dtype).removeprefix("torch."), "lr": a.cfg.lr,
+                "old_logprobs": batch.old_logprobs, "init": init,
+                "after": {k: v.float() for k, v in a.named_weights()},
+                "init_megatron": init_mg, "after_megatron": after_mg, "grads": grads,
                 "metrics": metrics}, path)
-    print(f"reference written: {path} optimizer={optimizer} grad_norm={metrics['actor/grad_norm']:.6f}")
+    print(f"reference written: {path} optimizer={optimizer} dtype={dtype} grad_norm={metrics['actor/grad_norm']:.6f}")
 
 
 def _masters(a) -> dict[str, torch.Tensor]:
@@ -237,6 +274,7 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
         worst = max(worst, float(d.max()))
         moved = max(moved, float((want - ref["init"][k]).abs().max()))
     out = {"optimizer_rule": optimizer, "lr": cfg.lr, "lr_scale": lr_scale, "dtype": str(dtype).removeprefix("torch."),
+           "reference_dtype": ref.get("dtype", "float32"),
            "dispatcher": dispatcher, "optimizer": type(a.megatron_optimizer).__name__,
            "inner_optimizers": [type(getattr(o, "optimizer", o)).__name__ for o in
                                 getattr(a.megatron_optimizer, "chained_optimizers", [a.megatron_optimizer])],
@@ -515,6 +553,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--reference", help="CPU: write the fp32 reference here")
     p.add_argument("--optimizer", default="adam", choices=list(RULES), help="--reference: the update rule")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"],
+                   help="--reference: fp32, or bf16 params with fp32 masters (needs --base)")
+    p.add_argument("--base", help="--reference --dtype bfloat16: the fp32 reference of the rule (its old log-probs)")
     p.add_argument("--check", help="GPU: compare with these references (comma-separated)")
     p.add_argument("--bench", action="store_true")
     p.add_argument("--layers", type=int, default=4)
@@ -531,15 +572,21 @@ def main() -> None:
     a = p.parse_args()
     results: dict = {}
     if a.reference:
-        reference(a.reference, a.optimizer)
+        dtype = getattr(torch, a.dtype)
+        if (dtype == torch.bfloat16) != (a.base is not None):
+            p.error("--reference: --dtype bfloat16 needs --base (the fp32 reference of the rule); fp32 takes none")
+        reference(a.reference, a.optimizer, dtype, a.base)
         return
     for path in a.check.split(",") if a.check else []:
-        rule = torch.load(path, weights_only=False).get("optimizer", "adam")
-        runs = [(torch.float32, 1.0), (torch.bfloat16, 1.0)]
+        ref = torch.load(path, weights_only=False)
+        rule, ref_bf16 = ref.get("optimizer", "adam"), ref.get("dtype", "float32") == "bfloat16"
+        # against a CPU bf16 reference only the GPU bf16 runs compare (same arithmetic, same bound r)
+        runs = [(torch.bfloat16, 1.0)] if ref_bf16 else [(torch.float32, 1.0), (torch.bfloat16, 1.0)]
         if rule != "adam":
             runs.append((torch.bfloat16, BROKEN_LR_SCALE))  # must fail
         for dtype, scale in runs:
-            key = f"check_{rule}_{str(dtype).removeprefix('torch.')}" + ("_broken_lr" if scale != 1.0 else "")
+            key = (f"check_{rule}_{str(dtype).removeprefix('torch.')}" + ("_broken_lr" if scale != 1.0 else "")
+                   + ("_vs_cpu_bf16" if ref_bf16 else ""))
             try:
                 results[key] = check(path, dtype, scale)
             except Exception as e:  # noqa: BLE001 - reported in the results, the benchmark still runs
