@@ -8,7 +8,8 @@ at a constant learning rate, through the supervised loop, batches and cache of `
 The vision tower stays at its random init here (the RL run may train it): a linear probe on its
 mean merged features reads geometry-count's answer on every validation figure, and training it
 alongside the text model (at lr 3e-3) kept the text model on the answer prior (loss ln 4 / 2 =
-0.69 per token) for about 600 steps instead of 150. Its validation split (disjoint figures) is never trained on.
+0.69 per token) for about 600 steps instead of 150. Its validation split (disjoint figures) is
+never trained on.
 
 Name: ``tiny:qwen2.5-vl+sft-geometry-<level>-<steps>[-to<pct>]``: at most `steps` steps; with
 ``-to<pct>`` it stops at the first check (every CHECK_EVERY steps, on CHECK_ROWS training rows)
@@ -31,11 +32,12 @@ greedy 0.19-0.58: it hardly learns. lr 1e-3: near the answer prior (sampled 0.19
 90-120, then 0.30 at step 130, 0.41 at 160, 0.58 at 190, 0.68 at 240 (greedy validation 0.94 there): it learns
 to count. geometry-count-400-to40 (the geometry3k suite's cpu-vlm policy): stopped at
 step 160 (sampled check 0.41, after 0.30 at steps 130-140); on its 64 unseen validation rows
-greedy 0.50 and sampled 0.39 against 0.27 for the most common answer; 243 s on the shared 2-core
-machine at load 6-8. The tower's features carry the count: the text model learns to read them.
+greedy 0.50 and sampled 0.39 against 0.27 for the most common answer; 7.8 s on the shared 2-core
+machine at load 4 (243 s at load 6-8 under nice). The tower's features carry the count: the text
+model learns to read them.
 
 Configs name it ``model.path: "tiny:qwen2.5-vl+sft-geometry-count-400-to40"``: built on first use
-(a few minutes on 2 CPU cores), then loaded from the cache.
+(seconds on 2 idle CPU cores), then loaded from the cache.
 """
 
 from __future__ import annotations
