@@ -35,7 +35,8 @@ def _colocated(out: Path, *overrides: str):
 PPO = ("algorithm.name=ppo", "algorithm.adv_estimator=gae", "critic.enable=true", "critic.lr=1e-3")
 
 
-@pytest.mark.parametrize("extra", [(), PPO], ids=["grpo", "ppo_critic"])
+# ppo_critic resumes the actor and the critic, so the default tier runs it alone (CI time); grpo is slow
+@pytest.mark.parametrize("extra", [pytest.param((), marks=pytest.mark.slow), PPO], ids=["grpo", "ppo_critic"])
 def test_colocated_resume_reproduces_uninterrupted_run(tmp_path: Path, extra: tuple[str, ...]):
     from trainer.distributed.colocated_ray import train_colocated_ray
 
