@@ -30,9 +30,10 @@ How it is driven:
   requests under the current weights, with the remaining budget.
 - `update_weights`: tensors (HF checkpoint names: transformers' in-memory names from either training
   backend turned into the checkpoint layout by `trainer/rollout/checkpoint_layout.py`, per-expert MoE
-  tensors included; on this GPU, in the engine dtype) sent in buckets of about `_BUCKET_BYTES` through `engine.update_weights_from_tensor(named_tensors=..., flush_cache=<last
-  bucket>)`; SGLang serializes them once per TP rank (CUDA IPC handles) and its loader maps HF
-  names (fused q/k/v, gate/up) itself. A `(False, message)` result raises. The fully-async rollout
+  tensors included; on this GPU, in the engine dtype) sent in buckets of about `_BUCKET_BYTES`
+  through `engine.update_weights_from_tensor(named_tensors=..., flush_cache=<last bucket>)`;
+  SGLang serializes them once per TP rank (CUDA IPC handles) and its loader maps HF names (fused
+  q/k/v, gate/up) itself. A `(False, message)` result raises. The fully-async rollout
   worker receives the trainer's weights over the project's broadcast group first
   (trainer/distributed/weight_sync.py) and then calls this same method;
   `update_weights_from_distributed` (SGLang joining the trainer's NCCL group) is not used.
