@@ -300,8 +300,9 @@ def test_check_one_log_of_a_two_mode_profile_skips_the_other_mode(tmp_path: Path
     suite_copy = tmp_path / "suites" / f"{GEO}.yaml"
     suite_copy.write_text((ROOT / "suites" / f"{GEO}.yaml").read_text())
     log = tmp_path / "fa.jsonl"
+    moe = {"actor/moe/load_balancing_loss": 1.0, "actor/moe/router_entropy": 1.38, "actor/moe/expert_load/cv": 0.4}
     log.write_text("".join(json.dumps({"step": t, "data": {"actor/pg_loss": 0.1, "critic/score/mean": 0.1 * t,
-                                                           "fully_async/staleness/max_version_lag": 1.0}}) + "\n"
+                                                           "fully_async/staleness/max_version_lag": 1.0, **moe}}) + "\n"
                            for t in range(1, 13)))
     rc = cli.main(["check", "--suite", str(suite_copy), "--profile", "cpu", "--arch", "cpu",
                    "--run", f"fully_async={log}",
