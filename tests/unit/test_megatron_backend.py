@@ -38,10 +38,10 @@ def _hf(arch: str):
     return m
 
 
-def _cfg(tp: int = 1, ep: int = 1) -> ActorConfig:
+def _cfg(tp: int = 1, ep: int = 1, sp: bool = False, aux: float = 0.0) -> ActorConfig:
     return ActorConfig(lr=1e-3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
-                       entropy_coeff=0.01, megatron=MegatronConfig(tensor_model_parallel_size=tp,
-                                                                   expert_model_parallel_size=ep))
+                       entropy_coeff=0.01, moe_aux_loss_coeff=aux, megatron=MegatronConfig(
+                           tensor_model_parallel_size=tp, expert_model_parallel_size=ep, sequence_parallel=sp))
 
 
 def _batch() -> Batch:
@@ -51,11 +51,12 @@ def _batch() -> Batch:
     return b
 
 
-def _megatron(hf, tp: int = 1, ep: int = 1, dp: int = 1):
+def _megatron(hf, tp: int = 1, ep: int = 1, dp: int = 1, sp: bool = False, aux: float = 0.0):
     from trainer.backends.megatron import MegatronActor
     from trainer.distributed.sharding import worker_actor_config
 
-    return MegatronActor.from_hf(hf, worker_actor_config(_cfg(tp, ep), dp), temperature=1.0, max_response_length=R,
+    return MegatronActor.from_hf(hf, worker_actor_config(_cfg(tp, ep, sp, aux), dp), temperature=1.0,
+                                 max_response_length=R,
                                  device=torch.device("cpu"))
 
 
@@ -116,14 +117,14 @@ def test_sdpa_attention_equals_megatron_attention():
     assert (c - b).abs().max() > 1e-3
 
 
-def _worker(rank: int, world: int, port: int, arch: str, tp: int, ep: int, out: str) -> None:
+def _worker(rank: int, world: int, port: int, arch: str, tp: int, ep: int, sp: bool, aux: float, out: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     from trainer.distributed.sharding import shard_batch
 
     dp = world // tp
-    meg = _megatron(_hf(arch), tp, ep, dp)
+    meg = _megatron(_hf(arch), tp, ep, dp, sp, aux)
     batch = _batch()
     logp = meg.compute_logprobs(batch)
     piece = batch if dp == 1 else shard_batch(batch, world_size=dp, mini_batch_rows=2 * N)[rank]
@@ -141,21 +142,27 @@ def _free_port() -> int:
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize(("arch", "tp", "ep"), [("qwen3", 2, 1), ("qwen3_moe", 1, 2)])
-def test_two_ranks_match_one(arch, tp, ep):
-    """TP=2 (dense; both ranks see the whole batch) and EP=2 (MoE; the dense part is data-parallel,
-    each rank a half of every mini-batch, tokens dispatched to the rank that holds their expert)."""
+@pytest.mark.parametrize(("arch", "tp", "ep", "sp", "aux"), [
+    ("qwen3", 2, 1, False, 0.0), ("qwen3", 2, 1, True, 0.0), ("qwen3_moe", 1, 2, False, 0.0),
+    ("qwen3_moe", 2, 2, True, 0.01)], ids=["qwen3-tp2", "qwen3-tp2-sp", "qwen3_moe-ep2", "qwen3_moe-tp2-sp-ep2"])
+def test_two_ranks_match_one(arch, tp, ep, sp, aux):
+    """TP=2 (dense; both ranks see the whole batch), TP=2 with sequence parallelism (each rank's norms,
+    residuals and routers on half of every sequence), EP=2 (MoE; the dense part is data-parallel, each
+    rank a half of every mini-batch, tokens dispatched to the rank that holds their expert), and an MoE
+    under TP=2 + sequence parallelism + EP=2 on the same two ranks, with the load-balancing loss (its
+    partial sums over the sequence slices, and the router's gradient summed over TP)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_worker, args=(2, _free_port(), arch, tp, ep, out), nprocs=2, join=True,
+        mp.start_processes(_worker, args=(2, _free_port(), arch, tp, ep, sp, aux, out), nprocs=2, join=True,
                            start_method="spawn")
         got = torch.load(out)
-    one = _megatron(_hf(arch))
+    one = _megatron(_hf(arch), aux=aux)
     batch = _batch()
     torch.testing.assert_close(got["logp"], one.compute_logprobs(batch), rtol=0, atol=1e-5)
     ref = one.update(batch, N)
-    for k in ("actor/pg_loss", "actor/grad_norm", "actor/entropy"):
+    keys = ["actor/pg_loss", "actor/grad_norm", "actor/entropy"] + sorted(k for k in ref if k.startswith("actor/moe/"))
+    for k in keys:
         assert abs(got["metrics"][k] - ref[k]) <= 1e-4 * max(abs(ref[k]), 1e-2), (k, got["metrics"][k], ref[k])
     # all but <= 0.1% of each tensor within 2e-5; the rest within a quarter of one Adam step (lr 1e-3):
     # entries whose gradient is within rounding of zero, where Adam's g / sqrt(v) is ill-conditioned

@@ -81,7 +81,7 @@ def _meg(tmp_path: Path, *, model: str = "tiny:qwen3", trainer: dict | None = No
 @pytest.mark.parametrize(("kw", "match"), [
     ({"megatron": {"pipeline_model_parallel_size": 2}}, r"^actor\.megatron\.pipeline_model_parallel_size=2: pipeline"),
     ({"megatron": {"sequence_parallel": True}, "trainer": RAY2},
-     r"^actor\.megatron\.sequence_parallel=true: sequence parallelism is not built"),
+     r"^actor\.megatron\.sequence_parallel=true: .* and actor\.megatron\.tensor_model_parallel_size=1 \(fix"),
     ({"use_kl_loss": True}, r"^actor\.use_kl_loss: the KL loss's reference policy is not built"),
     ({"megatron": {"tensor_model_parallel_size": 2}}, (r"^actor\.megatron\.tensor_model_parallel_size=2 / .*the "
                                                         r"single-process loop has one rank")),
@@ -109,6 +109,9 @@ def test_megatron_layouts_that_run_are_accepted(tmp_path):
     check_strategy(_meg(tmp_path))  # the single-process colocated loop
     check_strategy(_meg(tmp_path, trainer=RAY2))  # colocated on Ray, DP=2
     check_strategy(_meg(tmp_path, trainer=RAY2, megatron={"tensor_model_parallel_size": 2}))  # TP=2
+    check_strategy(_meg(tmp_path, trainer=RAY2, megatron={"tensor_model_parallel_size": 2, "sequence_parallel": True}))
+    check_strategy(_meg(tmp_path, trainer=RAY2, model="tiny:qwen3_moe", megatron={  # MoE under TP: SP, EP folded in
+        "tensor_model_parallel_size": 2, "sequence_parallel": True, "expert_model_parallel_size": 2}))
     check_strategy(_meg(tmp_path, model="tiny:qwen3_moe", moe_aux_loss_coeff=0.01))  # megatron's aux loss
     check_strategy(_meg(tmp_path, trainer=RAY2, model="tiny:qwen3_moe", megatron={"expert_model_parallel_size": 2}))
     upcycled = _meg(tmp_path, trainer=RAY2, model="tiny:llama", megatron={"expert_model_parallel_size": 2})

@@ -5,15 +5,18 @@
     for epoch in range(ppo_epochs):
         for mini_batch in batch.chunks(ppo_mini_batch_size * n):         # one optimizer step each
             counts = tokens / sequences of the mini-batch (summed over data-parallel workers)
-            for micro in mini_batch.chunks(ppo_micro_batch_size_per_gpu):
+            for micro in mini_batch.chunks(ppo_micro_batch_size_per_gpu):  # forward_backward
                 logp, entropy = forward(micro)                             # [n, R]
                 loss = pg_loss(old_logp, logp, adv) - entropy_coeff * H + kl_coef * KL(logp, ref)
-                loss.backward()                                            # each term normalized by the
-                                                                           # mini-batch's global counts
-            clip_grad_norm; optimizer.step()
+                loss.backward()                                            # micro_batch_loss: each term
+                                                                           # normalized by the mini-batch's
+            clip_grad_norm; optimizer.step()                               # global counts
 
 Because every micro-batch loss is divided by the *mini-batch's* token (or sequence) count, the
 gradient is the same whatever the micro-batch size and the number of data-parallel workers.
+`micro_batch_loss` is the one copy of that loss math; `forward_backward` runs a mini-batch's
+micro-batches through it one after the other, and is the hook where a backend runs them another way
+(the Megatron backend's pipeline schedule, `trainer/backends/megatron_pipeline.py`).
 When the step is exactly on-policy (one epoch, one mini-batch, old log-probs recomputed by the
 trainer) the update forward *is* the old-log-prob forward: `old_logprobs = logp.detach()`, saving a
 forward pass, as verl does.
@@ -34,10 +37,11 @@ AdamW is fused on CUDA (`fused=True`: one kernel over all params) and the defaul
 
 from __future__ import annotations
 
+import functools
 import time
 from collections import defaultdict
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -53,6 +57,26 @@ from trainer.errors import ConfigError
 from trainer.ops.flops import batch_seqlens, mfu, train_flops
 from trainer.ops.logprobs import response_logprobs
 from trainer.platform import peak_bf16_tflops
+
+Routed = tuple[torch.Tensor, dict[str, float], torch.Tensor]  # RouterRecorder.pop(): loss, stats, [L, E] counts
+
+
+class MicroBatchOut(NamedTuple):
+    """What one micro-batch adds to its mini-batch: its share of the statistics (summed by `update`), the MoE
+    top-k counts `[L, E]` of its forward (None: dense), its forward's detached log-probs when they are the
+    old ones (`reuse_forward_as_old`; else None)."""
+
+    stats: dict[str, float]
+    expert_counts: torch.Tensor | None
+    old_logprobs: torch.Tensor | None
+
+
+LossFn = Callable[[Batch, torch.Tensor, torch.Tensor, "Routed | None"], tuple[torch.Tensor, MicroBatchOut]]
+
+
+def token_share(micro: Batch, counts: dict[str, float]) -> float:
+    """The micro-batch's share of the mini-batch's response tokens (`global_counts`, over all data-parallel ranks)."""
+    return micro.response_mask.sum().item() / max(counts["global_num_tokens"], 1.0)
 
 
 def dp_world() -> tuple[int, int]:
@@ -191,55 +215,19 @@ class Actor:
             for mini in batch.chunks(mini_size):
                 counts = self.all_reduce_sum(global_counts(mini.response_mask))
                 self.begin_mini_batch(counts)
-                agg_kw = dict(horizon=self.max_response_length, **counts)
                 self.optimizer.zero_grad(set_to_none=True)
                 if self.master is not None:
                     self.master.zero_grad()
+                loss_fn = functools.partial(self.micro_batch_loss, counts=counts,
+                                            reuse_forward_as_old=reuse_forward_as_old)
                 mb_stats: dict[str, float] = defaultdict(float)
-                n_tok = max(counts["global_num_tokens"], 1.0)
-                for micro in mini.chunks(cfg.ppo_micro_batch_size_per_gpu):
-                    micro = micro.to(self.device)
-                    mask = micro.response_mask
-                    if self.router is None:
-                        logp, entropy = self._logprobs(micro, with_entropy=True)
-                    else:
-                        with self.router.capture():
-                            logp, entropy = self._logprobs(micro, with_entropy=True)
-                        lb_loss, moe_stats, counts = self.router.pop()
-                        expert_counts = counts if expert_counts is None else expert_counts + counts
-                    old = micro.old_logprobs if not reuse_forward_as_old else logp.detach()
+                for out in self.forward_backward(list(mini.chunks(cfg.ppo_micro_batch_size_per_gpu)), loss_fn):
+                    for k, v in out.stats.items():
+                        mb_stats[k] += v
+                    if out.expert_counts is not None:
+                        expert_counts = out.expert_counts if expert_counts is None else expert_counts + out.expert_counts
                     if reuse_forward_as_old:
-                        old_from_forward.append(old.float().cpu())
-                    tis = (truncated_is_weights(old, micro.rollout_logprobs, mask, cap=cfg.tis_cap)
-                           if cfg.tis_cap is not None else None)
-                    pg_loss, pg_m = compute_policy_loss(
-                        old, logp, micro.advantages, mask, clip_ratio_low=cfg.clip_ratio_low,
-                        clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
-                        loss_agg_mode=cfg.loss_agg_mode, tis_weights=tis, **agg_kw)
-                    loss = pg_loss
-                    ent = agg_loss(entropy if cfg.entropy_coeff != 0 else entropy.detach(), mask,
-                                   cfg.loss_agg_mode, **agg_kw)
-                    if cfg.entropy_coeff != 0:
-                        loss = loss - cfg.entropy_coeff * ent
-                    if cfg.use_kl_loss:
-                        kl = agg_loss(kl_penalty(logp, micro.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg_mode,
-                                      **agg_kw)
-                        loss = loss + cfg.kl_loss_coef * kl
-                        mb_stats["actor/kl_loss"] += kl.item()
-                    # token-weighted means over the mini-batch (micro-batch means x its token share)
-                    w = mask.sum().item() / n_tok
-                    if self.router is not None:
-                        if cfg.moe_aux_loss_coeff > 0:
-                            loss = loss + cfg.moe_aux_loss_coeff * w * lb_loss
-                        for k, v in moe_stats.items():
-                            mb_stats[k] += v * w
-                    loss.backward()
-                    mb_stats["actor/pg_loss"] += pg_loss.item()
-                    mb_stats["actor/entropy"] += ent.item()
-                    for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
-                        mb_stats[k] += float(pg_m[k]) * w
-                    if tis is not None:
-                        mb_stats["actor/tis_weight_mean"] += masked_mean(tis, mask).item() * w
+                        old_from_forward.append(out.old_logprobs)
                 # each worker's statistics are its share of the mini-batch's (normalized by the global
                 # counts), so their sum over the data-parallel workers is the mini-batch value
                 mb_stats = self.all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)})
@@ -273,6 +261,79 @@ class Actor:
             torch.cuda.synchronize(self.device)
         out.update(self._mfu(batch, time.perf_counter() - t_start))
         return out
+
+    # ------------------------------------------------------------------ one micro-batch
+    def forward_backward(self, micros: list[Batch], loss_fn: LossFn) -> list[MicroBatchOut]:
+        """Forward and backward of a mini-batch's micro-batches, one after the other (the gradients add up);
+        `loss_fn(micro, logp, entropy, routed)` is `micro_batch_loss` with the mini-batch's counts. Backend
+        hook: the Megatron backend under pipeline parallelism runs the same `loss_fn` on its last stage
+        inside megatron-core's schedule (`trainer/backends/megatron_pipeline.py`)."""
+        outs = []
+        for micro in micros:
+            micro = micro.to(self.device)
+            logp, entropy, routed = self._forward(micro)
+            loss, out = loss_fn(micro, logp, entropy, routed)
+            loss.backward()
+            outs.append(out)
+        return outs
+
+    def _forward(self, micro: Batch) -> tuple[torch.Tensor, torch.Tensor, Routed | None]:
+        """`(logprobs, entropy, routed)` of an update micro-batch; `routed` is the MoE router's record of this
+        forward (`RouterRecorder.pop()`: load-balancing loss, statistics, top-k counts), None for a dense model."""
+        if self.router is None:
+            logp, entropy = self._logprobs(micro, with_entropy=True)
+            return logp, entropy, None
+        with self.router.capture():
+            logp, entropy = self._logprobs(micro, with_entropy=True)
+        return logp, entropy, self.router.pop()
+
+    def micro_batch_loss(self, micro: Batch, logp: torch.Tensor, entropy: torch.Tensor, routed: Routed | None, *,
+                         counts: dict[str, float], reuse_forward_as_old: bool) -> tuple[torch.Tensor, MicroBatchOut]:
+        """The loss of one micro-batch (each term normalized by the mini-batch's global `counts`) and its share
+        of the mini-batch's statistics: the one copy of the update's loss math, whichever way the micro-batches run."""
+        cfg = self.cfg
+        mask = micro.response_mask
+        agg_kw = dict(horizon=self.max_response_length, **counts)
+        old = micro.old_logprobs if not reuse_forward_as_old else logp.detach()
+        tis = (truncated_is_weights(old, micro.rollout_logprobs, mask, cap=cfg.tis_cap)
+               if cfg.tis_cap is not None else None)
+        pg_loss, pg_m = compute_policy_loss(
+            old, logp, micro.advantages, mask, clip_ratio_low=cfg.clip_ratio_low,
+            clip_ratio_high=cfg.clip_ratio_high, clip_ratio_c=cfg.clip_ratio_c,
+            loss_agg_mode=cfg.loss_agg_mode, tis_weights=tis, **agg_kw)
+        loss = pg_loss
+        ent = agg_loss(entropy if cfg.entropy_coeff != 0 else entropy.detach(), mask, cfg.loss_agg_mode, **agg_kw)
+        if cfg.entropy_coeff != 0:
+            loss = loss - cfg.entropy_coeff * ent
+        stats: dict[str, float] = {}
+        if cfg.use_kl_loss:
+            kl = agg_loss(kl_penalty(logp, micro.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg_mode, **agg_kw)
+            loss = loss + cfg.kl_loss_coef * kl
+            stats["actor/kl_loss"] = kl.item()
+        # token-weighted means over the mini-batch (micro-batch means x its token share)
+        w = token_share(micro, counts)
+        aux, moe_stats, expert_counts = self.router_terms(routed, w)
+        if aux is not None:
+            loss = loss + aux
+        stats.update(moe_stats)
+        stats["actor/pg_loss"] = pg_loss.item()
+        stats["actor/entropy"] = ent.item()
+        for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+            stats[k] = float(pg_m[k]) * w
+        if tis is not None:
+            stats["actor/tis_weight_mean"] = masked_mean(tis, mask).item() * w
+        return loss, MicroBatchOut(stats, expert_counts, old.float().cpu() if reuse_forward_as_old else None)
+
+    def router_terms(self, routed: Routed | None, weight: float
+                     ) -> tuple[torch.Tensor | None, dict[str, float], torch.Tensor | None]:
+        """The MoE part of a micro-batch's loss and statistics, from the router's record of its forward:
+        `(moe_aux_loss_coeff x weight x load-balancing loss or None, actor/moe/* x weight, [L, E] top-k counts)`;
+        `weight` is the micro-batch's share of the mini-batch's response tokens. `(None, {}, None)` without a router."""
+        if routed is None:
+            return None, {}, None
+        lb_loss, moe_stats, expert_counts = routed
+        aux = self.cfg.moe_aux_loss_coeff * weight * lb_loss if self.cfg.moe_aux_loss_coeff > 0 else None
+        return aux, {k: v * weight for k, v in moe_stats.items()}, expert_counts
 
     # ------------------------------------------------------------------ backend hooks (trainer/backends/megatron.py)
     def begin_mini_batch(self, counts: dict[str, float]) -> None:

@@ -96,8 +96,10 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
     if m.pipeline_model_parallel_size != 1:
         raise ConfigError(f"actor.megatron.pipeline_model_parallel_size={m.pipeline_model_parallel_size}: pipeline "
                           f"parallelism is not built (fix: set it to 1)")
-    if m.sequence_parallel:
-        raise ConfigError("actor.megatron.sequence_parallel=true: sequence parallelism is not built (fix: set it false)")
+    if m.sequence_parallel and tp == 1:
+        raise ConfigError("actor.megatron.sequence_parallel=true: sequence parallelism splits the sequence over the "
+                          "tensor-parallel ranks, and actor.megatron.tensor_model_parallel_size=1 (fix: set "
+                          "sequence_parallel false, or tensor_model_parallel_size > 1)")
     if loop == "colocated" and tp * ep > 1:
         raise ConfigError(f"actor.megatron.tensor_model_parallel_size={tp} / expert_model_parallel_size={ep}: the "
                           f"single-process loop has one rank (fix: trainer.use_ray=true with trainer.n_gpus_per_node "
@@ -113,10 +115,9 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
     if is_moe and num_experts % ep:
         raise ConfigError(f"actor.megatron.expert_model_parallel_size={ep}: does not divide the model's {num_experts} "
                           f"experts (fix: a divisor of {num_experts})")
-    if tp > 1 and is_moe:  # megatron-core trains MoE under TP only with sequence parallelism
+    if tp > 1 and is_moe and not m.sequence_parallel:  # megatron-core's own rule for MoE under TP
         raise ConfigError(f"actor.megatron.tensor_model_parallel_size={tp}: an MoE model under tensor parallelism "
-                          f"needs sequence parallelism, which is not built (fix: set it to 1 and use "
-                          f"actor.megatron.expert_model_parallel_size)")
+                          f"needs sequence parallelism (fix: actor.megatron.sequence_parallel=true)")
     for field in ("mixed_precision", "compile"):
         if getattr(a, field) not in ("none", False):
             raise ConfigError(f"actor.{field}={getattr(a, field)}: not supported by actor.strategy=megatron "
@@ -165,7 +166,9 @@ def cpu_shim() -> None:
 
 def init_parallel(tp: int = 1, ep: int = 1, *, seed: int = 0) -> None:
     """megatron-core's parallel groups over the default process group (a one-rank gloo group is started
-    when none exists)."""
+    when none exists). Experts are never tensor-parallel (expert-TP size 1: each expert whole on its
+    rank, `GroupedExperts`); under TP the ranks of a TP group hold the same experts and train them on
+    their own slices of the sequence, reduced over the expert-data-parallel group."""
     from megatron.core import parallel_state as ps
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
@@ -178,11 +181,13 @@ def init_parallel(tp: int = 1, ep: int = 1, *, seed: int = 0) -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep)
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+                                 expert_tensor_parallel_size=1)
     model_parallel_cuda_manual_seed(seed)
 
 
-def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: float = 0.0, **overrides: Any):
+def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: float = 0.0,
+                 sequence_parallel: bool = False, **overrides: Any):
     """mbridge's bridge for `hf_config` with the TransformerConfig switched to what runs without
     TransformerEngine (no fusions; allgather MoE dispatcher on CPU, alltoall on CUDA)."""
     import copy
@@ -205,8 +210,8 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
     extra: dict[str, Any] = {
         "use_cpu_initialization": True, "gradient_accumulation_fusion": False, "bias_activation_fusion": False,
         "masked_softmax_fusion": False, "persist_layer_norm": False, "apply_rope_fusion": False,
-        "bias_dropout_fusion": False, "sequence_parallel": False, "hidden_dropout": 0.0, "attention_dropout": 0.0,
-        "variable_seq_lengths": False}
+        "bias_dropout_fusion": False, "hidden_dropout": 0.0, "attention_dropout": 0.0,
+        "variable_seq_lengths": False, "sequence_parallel": sequence_parallel}
     if bridge.config.num_moe_experts:
         extra.update(moe_token_dispatcher_type="alltoall" if cuda else "allgather", moe_grouped_gemm=False,
                      moe_router_pre_softmax=False,  # top-k of the logits, then softmax: HF's normalized top-k
@@ -221,7 +226,8 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
 
 
 def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention: bool = True) -> torch.nn.Module:
-    """megatron-core GPTModel with the local layer spec, from the bridge's config. MoE experts:
+    """megatron-core GPTModel with the local layer spec, from the bridge's config. Norms:
+    `SequenceParallelNorm` (`trainer/backends/megatron_norm.py`), MoE experts:
     `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron_experts.py`) or megatron's SequentialMLP;
     attention: `CausalSDPA` (torch's fused kernels, `trainer/backends/megatron_attention.py`) or megatron's
     `DotProductAttention`."""
@@ -257,6 +263,9 @@ def _te_name(name: str, is_moe: bool) -> str:
     if not is_moe:
         name = DENSE_PRE_MLP[0].sub(DENSE_PRE_MLP[1], name)
     return name
+    from trainer.backends.megatron_norm import use_sequence_parallel_norms
+
+    spec = use_sequence_parallel_norms(spec, c)
 
 
 _GROUPED = re.compile(r"^(.*\.mlp\.experts)\.(fc[12])$")
@@ -464,7 +473,8 @@ class MegatronActor(Actor):
         megatron_optimizer = use_megatron_optimizer_on(cfg, device)  # a ConfigError before anything is built
         init_parallel(m.tensor_model_parallel_size, m.expert_model_parallel_size, seed=seed)
         dtype = dtype or next(hf_model.parameters()).dtype
-        bridge = build_bridge(hf_model.config, dtype=dtype, moe_aux_loss_coeff=cfg.moe_aux_loss_coeff)
+        bridge = build_bridge(hf_model.config, dtype=dtype, moe_aux_loss_coeff=cfg.moe_aux_loss_coeff,
+                              sequence_parallel=m.sequence_parallel)
         model = build_gpt_model(bridge).to(device=device, dtype=dtype)
         load_hf_weights(model, bridge, hf_checkpoint_tensors(hf_model))
         actor = cls(model, bridge, hf_model.config, cfg, temperature=temperature,
@@ -499,8 +509,12 @@ class MegatronActor(Actor):
                 set_aux_loss_scale(float(micro.response_mask.sum()) / self._mini_batch_tokens, ids.device)
         self.gpt.post_process = False  # the decoder's output (final norm applied), no [N, T, V] logits
         try:
-            hidden = self.model(ids, pos, causal, **kw).transpose(0, 1)  # [N, T, H]
+            hidden = self.model(ids, pos, causal, **kw)  # [T, N, H]; sequence parallel: this rank's [T / TP, N, H]
         finally:
+        sp = self.bridge.config.sequence_parallel
+        if sp:  # the sequence splits evenly over the TP ranks: padding after every row's tokens (causal: unread)
+            tp = self.bridge.mpu.tp_size
+            ids = torch.nn.functional.pad(ids, (0, -ids.shape[1] % tp))
             self.gpt.post_process = True
         r = index.shape[1]
         h = torch.gather(hidden, 1, index[..., None].expand(-1, r, hidden.shape[-1]))  # [N, R, H]
@@ -520,6 +534,11 @@ class MegatronActor(Actor):
         group = ps.get_data_parallel_group()
         if dist.get_world_size(group) == 1:
             return values
+        if sp:  # every TP rank computes the whole loss: its gradient's own slice flows back (no reduction)
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        hidden = hidden.transpose(0, 1)  # [N, T, H]
         t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=group)
         return dict(zip(values, t.tolist()))
@@ -529,8 +548,8 @@ class MegatronActor(Actor):
         self._mini_batch_tokens = max(counts["global_num_tokens"], 1.0)  # as the update loop's n_tok
 
     def finish_grads_and_clip(self) -> torch.Tensor:
-        """Sum gradients over the data-parallel groups (dense: DP, experts: expert-DP), then the global
-        norm over the model-parallel shards, then clip."""
+        """Sum partial gradients over the TP group (`tp_partial_grad_params`), then over the data-parallel
+        groups (dense: DP, experts: expert-DP), then the global norm over the model-parallel shards, then clip."""
         from megatron.core import parallel_state as ps
 
         if self.megatron_optimizer is not None:  # CUDA: megatron's DDP + distributed optimizer
@@ -542,10 +561,9 @@ class MegatronActor(Actor):
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             (experts if ".mlp.experts." in name else dense).append((name, p))
-        if ps.get_tensor_model_parallel_world_size() > 1:  # q/k layernorms see only this rank's heads
-            for name, p in dense:
-                if "q_layernorm" in name or "k_layernorm" in name:
-                    dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        if ps.get_tensor_model_parallel_world_size() > 1:  # q/k norms (own heads), sequence-parallel norms and routers
+            for p in tp_partial_grad_params(self.gpt):
+                dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
         for params, group in ((dense, ps.get_data_parallel_group()), (experts, ps.get_expert_data_parallel_group())):
             if dist.get_world_size(group) > 1:
                 for _, p in params:
@@ -555,6 +573,8 @@ class MegatronActor(Actor):
                         if getattr(p, "tensor_model_parallel", False) or tp_rank == 0), torch.zeros((), dtype=torch.float64))
         expert_sq = sum((p.grad.double().pow(2).sum() for _, p in experts), torch.zeros((), dtype=torch.float64))
         if ps.get_tensor_model_parallel_world_size() > 1:
+        from trainer.backends.megatron_norm import tp_partial_grad_params
+
             dist.all_reduce(dense_sq, group=ps.get_tensor_model_parallel_group())
         if experts and ps.get_expert_tensor_and_model_parallel_group() is not None and \
                 dist.get_world_size(ps.get_expert_tensor_and_model_parallel_group()) > 1:

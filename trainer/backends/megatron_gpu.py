@@ -169,12 +169,12 @@ def megatron_step(actor: Any) -> torch.Tensor:
     """Finish the grad sync and run megatron's optimizer step; the gradient norm before clipping."""
     from megatron.core import parallel_state as ps
 
+    from trainer.backends.megatron_norm import tp_partial_grad_params
+
     actor.ddp.finish_grad_sync()
-    tp = ps.get_tensor_model_parallel_group()
-    if ps.get_tensor_model_parallel_world_size() > 1:  # q/k layernorms see only this rank's heads (as the CPU path)
-        for name, p in actor.gpt.named_parameters():
-            if "q_layernorm" in name or "k_layernorm" in name:
-                torch.distributed.all_reduce(p.main_grad, group=tp)
+    if ps.get_tensor_model_parallel_world_size() > 1:  # q/k norms, sequence-parallel norms and routers (as the CPU path)
+        for p in tp_partial_grad_params(actor.gpt):
+            torch.distributed.all_reduce(p.main_grad, group=ps.get_tensor_model_parallel_group())
     ok, grad_norm, _ = actor.megatron_optimizer.step()
     if not ok or grad_norm is None:
         return torch.tensor(float("nan"))

@@ -31,6 +31,8 @@ gradient), and records them with the mask of real tokens; `RouterRecorder.pop` (
 turns them into the load-balancing loss value, router entropy and per-expert top-k counts, and the
 update loop sums the counts over the data-parallel ranks. Under expert parallelism the router runs
 before dispatch on the rank's own tokens, so the summed counts are those of the whole mini-batch.
+Under sequence parallelism a router sees its TP rank's slice of the sequence; the hook gathers the
+slices first, so every TP rank records the whole micro-batch, as without it.
 Megatron's aux-loss tracker (`load_balancing_loss`, the same value) is cleared after each
 micro-batch so it does not grow across updates.
 """
@@ -70,8 +72,14 @@ class MegatronRouterRecorder(RouterRecorder):
     def _router_hook(self, module: torch.nn.Module, args: tuple, _out: Any) -> None:
         if not self._on:
             return
-        hidden = args[0]  # [S, B, H]
+        hidden = args[0]  # [S, B, H]; sequence parallel: this TP rank's [S / TP, B, H]
         pad = args[1] if len(args) > 1 else None  # [S, B], True: padding
+        if module.config.sequence_parallel:  # statistics of the whole sequence on every TP rank
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region as gather
+
+            with torch.no_grad():
+                hidden = gather(hidden, tensor_parallel_output_grad=False)
+                pad = None if pad is None else gather(pad.to(torch.uint8), tensor_parallel_output_grad=False)
         with torch.no_grad():
             logits = module.gating(hidden).reshape(-1, self.num_experts)
         valid = torch.ones(logits.shape[0], device=logits.device) if pad is None else (~pad.bool()).reshape(-1)
