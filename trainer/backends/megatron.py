@@ -245,6 +245,9 @@ def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention
         from trainer.backends.megatron_attention import use_sdpa_attention
 
         use_sdpa_attention(spec)
+    from trainer.backends.megatron_norm import use_sequence_parallel_norms
+
+    spec = use_sequence_parallel_norms(spec, c)
     kw = bridge._get_gptmodel_args()
     bridge.vocab_size = bridge.padded_vocab_size = kw["vocab_size"]
     if bridge.make_vocab_size_divisible_by:
@@ -263,9 +266,6 @@ def _te_name(name: str, is_moe: bool) -> str:
     if not is_moe:
         name = DENSE_PRE_MLP[0].sub(DENSE_PRE_MLP[1], name)
     return name
-    from trainer.backends.megatron_norm import use_sequence_parallel_norms
-
-    spec = use_sequence_parallel_norms(spec, c)
 
 
 _GROUPED = re.compile(r"^(.*\.mlp\.experts)\.(fc[12])$")
@@ -493,6 +493,10 @@ class MegatronActor(Actor):
             raise ConfigError("actor.use_kl_loss: the reference policy is not built for actor.strategy=megatron "
                               "(fix: actor.use_kl_loss=false, or actor.strategy=fsdp2)")
         ids, index = left_align(micro)
+        sp = self.bridge.config.sequence_parallel
+        if sp:  # the sequence splits evenly over the TP ranks: padding after every row's tokens (causal: unread)
+            tp = self.bridge.mpu.tp_size
+            ids = torch.nn.functional.pad(ids, (0, -ids.shape[1] % tp))
         t = ids.shape[1]
         pos = torch.arange(t, device=ids.device)[None].expand_as(ids)
         causal = torch.triu(torch.ones(t, t, dtype=torch.bool, device=ids.device), 1)[None, None]  # True: masked
@@ -511,11 +515,12 @@ class MegatronActor(Actor):
         try:
             hidden = self.model(ids, pos, causal, **kw)  # [T, N, H]; sequence parallel: this rank's [T / TP, N, H]
         finally:
-        sp = self.bridge.config.sequence_parallel
-        if sp:  # the sequence splits evenly over the TP ranks: padding after every row's tokens (causal: unread)
-            tp = self.bridge.mpu.tp_size
-            ids = torch.nn.functional.pad(ids, (0, -ids.shape[1] % tp))
             self.gpt.post_process = True
+        if sp:  # every TP rank computes the whole loss: its gradient's own slice flows back (no reduction)
+            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
+        hidden = hidden.transpose(0, 1)  # [N, T, H]
         r = index.shape[1]
         h = torch.gather(hidden, 1, index[..., None].expand(-1, r, hidden.shape[-1]))  # [N, R, H]
         head = SimpleNamespace(weight=output_weight(self.gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
@@ -534,11 +539,6 @@ class MegatronActor(Actor):
         group = ps.get_data_parallel_group()
         if dist.get_world_size(group) == 1:
             return values
-        if sp:  # every TP rank computes the whole loss: its gradient's own slice flows back (no reduction)
-            from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
-
-            hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
-        hidden = hidden.transpose(0, 1)  # [N, T, H]
         t = torch.tensor(list(values.values()), dtype=torch.float64, device=self.device)
         dist.all_reduce(t, group=group)
         return dict(zip(values, t.tolist()))
@@ -556,6 +556,8 @@ class MegatronActor(Actor):
             from trainer.backends.megatron_gpu import megatron_step
 
             return megatron_step(self)
+        from trainer.backends.megatron_norm import tp_partial_grad_params
+
         dense, experts = [], []
         for name, p in self.model.named_parameters():
             if p.grad is None:
@@ -573,8 +575,6 @@ class MegatronActor(Actor):
                         if getattr(p, "tensor_model_parallel", False) or tp_rank == 0), torch.zeros((), dtype=torch.float64))
         expert_sq = sum((p.grad.double().pow(2).sum() for _, p in experts), torch.zeros((), dtype=torch.float64))
         if ps.get_tensor_model_parallel_world_size() > 1:
-        from trainer.backends.megatron_norm import tp_partial_grad_params
-
             dist.all_reduce(dense_sq, group=ps.get_tensor_model_parallel_group())
         if experts and ps.get_expert_tensor_and_model_parallel_group() is not None and \
                 dist.get_world_size(ps.get_expert_tensor_and_model_parallel_group()) > 1:
