@@ -34,7 +34,8 @@ MoE: the router load-balancing loss (`actor.moe_aux_loss_coeff`) is megatron-cor
 micro-batch's share of the mini-batch's response tokens, so the same coefficient takes the FSDP2
 path's update; the `actor/moe/*` metrics come from megatron's routers (`trainer/backends/megatron_moe.py`).
 
-Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), expert (`expert_model_parallel_size`);
+Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), expert (`expert_model_parallel_size`:
+megatron-core's alltoall token dispatcher on every device, CPU included, `tests/unit/test_megatron_dispatcher.py`);
 data parallel over the remaining ranks. The ranks are the Ray trainer workers (colocated with
 `trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
@@ -144,10 +145,14 @@ def use_megatron_optimizer_on(cfg: ActorConfig, device: torch.device) -> bool:
 
 # --------------------------------------------------------------------------- process setup
 
+# the stand-in for the alltoall MoE dispatcher's CUDA side stream on a CPU-only torch (cpu_shim)
+_CPU_STREAM = SimpleNamespace(record_event=lambda: SimpleNamespace(synchronize=lambda: None))
+
+
 def cpu_shim() -> None:
     """Serve megatron-core's unconditional CUDA calls on a CPU-only torch (RNG tracker, RoPE buffer,
-    attention buffer, the MoE dispatcher's device lookups). With CUDA only the TransformerEngine-less
-    router fix below applies."""
+    attention buffer, the MoE dispatchers' device lookups, the alltoall dispatcher's side stream and split
+    sizes). With CUDA only the TransformerEngine-less router fix below applies."""
     from megatron.core.transformer.moe import moe_utils
 
     if not hasattr(moe_utils, "te_general_gemm"):  # 0.16: the router's GEMM reads this name even without TE
@@ -162,6 +167,20 @@ def cpu_shim() -> None:
     torch.cuda.set_rng_state = lambda new_state, device="cuda": torch.set_rng_state(new_state)
     mr._get_cuda_rng_state = lambda device="cuda", clone=False, graph_safe=False: torch.get_rng_state()
     mr._set_cuda_rng_state = lambda new_state, device=-1, graph_safe=False: torch.set_rng_state(new_state)
+    # MoEAlltoAllTokenDispatcher: its device-to-host copies of the split sizes run on a side stream made once
+    # (`cuda_dtoh_stream = torch.cuda.Stream()` in __init__), compared with `torch.cuda.current_stream()` and
+    # waited on by `cuda_dtoh_stream.record_event().synchronize()`. On CPU every op has finished when it
+    # returns: one stand-in stream, also the current one (so no cross-stream wait), whose events are done.
+    from megatron.core.transformer.moe import token_dispatcher as td
+
+    td.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _CPU_STREAM
+    torch.cuda.current_stream = lambda device=None: _CPU_STREAM
+    # ... and those copies, `maybe_move_tensor_to_cpu(splits, as_numpy=True)`, give all_to_all_single its split
+    # sizes as numpy arrays, but only from a CUDA tensor: a CPU tensor comes back a tensor, which
+    # all_to_all_single refuses (it takes a sequence of ints). Same arrays here.
+    td.maybe_move_tensor_to_cpu = lambda tensor, as_numpy=False, record_stream=False: (
+        tensor.numpy() if as_numpy and torch.is_tensor(tensor)
+        else moe_utils.maybe_move_tensor_to_cpu(tensor, as_numpy, record_stream))
 
 
 def init_parallel(tp: int = 1, ep: int = 1, *, seed: int = 0) -> None:
@@ -189,7 +208,7 @@ def init_parallel(tp: int = 1, ep: int = 1, *, seed: int = 0) -> None:
 def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: float = 0.0,
                  sequence_parallel: bool = False, **overrides: Any):
     """mbridge's bridge for `hf_config` with the TransformerConfig switched to what runs without
-    TransformerEngine (no fusions; allgather MoE dispatcher on CPU, alltoall on CUDA)."""
+    TransformerEngine (no fusions; the alltoall MoE dispatcher on every device, on CPU through `cpu_shim`)."""
     import copy
 
     from mbridge import AutoBridge
@@ -206,14 +225,13 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
     tp = ps.get_tensor_model_parallel_world_size()
     # TP > 1: vocab padded to a multiple of 128 * TP (megatron's default); export trims it
     bridge = AutoBridge.from_config(hf_config, dtype=dtype, make_vocab_size_divisible_by=128 * tp if tp > 1 else None)
-    cuda = torch.cuda.is_available()
     extra: dict[str, Any] = {
         "use_cpu_initialization": True, "gradient_accumulation_fusion": False, "bias_activation_fusion": False,
         "masked_softmax_fusion": False, "persist_layer_norm": False, "apply_rope_fusion": False,
         "bias_dropout_fusion": False, "hidden_dropout": 0.0, "attention_dropout": 0.0,
         "variable_seq_lengths": False, "sequence_parallel": sequence_parallel}
     if bridge.config.num_moe_experts:
-        extra.update(moe_token_dispatcher_type="alltoall" if cuda else "allgather", moe_grouped_gemm=False,
+        extra.update(moe_token_dispatcher_type="alltoall", moe_permute_fusion=False, moe_grouped_gemm=False,
                      moe_router_pre_softmax=False,  # top-k of the logits, then softmax: HF's normalized top-k
                      moe_router_load_balancing_type="aux_loss" if moe_aux_loss_coeff > 0 else "none",
                      moe_aux_loss_coeff=moe_aux_loss_coeff,
