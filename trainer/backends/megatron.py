@@ -34,8 +34,13 @@ MoE: the router load-balancing loss (`actor.moe_aux_loss_coeff`) is megatron-cor
 micro-batch's share of the mini-batch's response tokens, so the same coefficient takes the FSDP2
 path's update; the `actor/moe/*` metrics come from megatron's routers (`trainer/backends/megatron_moe.py`).
 
-Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), expert (`expert_model_parallel_size`:
-megatron-core's alltoall token dispatcher on every device, CPU included, `tests/unit/test_megatron_dispatcher.py`);
+Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), with sequence parallelism
+(`sequence_parallel`: megatron-core's own SP layers, norms from `trainer/backends/megatron_norm.py`; each
+row padded to a multiple of TP, the decoder's output gathered over TP before the log-prob head, whose
+loss every TP rank computes whole; MoE under TP needs it, as in megatron-core), expert
+(`expert_model_parallel_size`: megatron-core's alltoall token dispatcher on every device, CPU included,
+`tests/unit/test_megatron_dispatcher.py`; experts are never tensor-parallel, so under TP the ranks of a
+TP group hold the same experts and train them on their own slices of the sequence);
 data parallel over the remaining ranks. The ranks are the Ray trainer workers (colocated with
 `trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
