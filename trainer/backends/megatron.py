@@ -56,6 +56,7 @@ the CPU path's all-reduce and AdamW on CUDA; `megatron` on a CPU run stops at st
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -66,7 +67,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from trainer.backends.actor import Actor
+from trainer.backends.actor import Actor, LossFn, MicroBatchOut
 from trainer.batch import Batch
 from trainer.config import ActorConfig, TrainerConfig
 from trainer.errors import ConfigError
@@ -99,9 +100,11 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
     loop, world = trainer_world(cfg)
     tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
     is_moe = num_experts > 1
-    if m.pipeline_model_parallel_size != 1:
-        raise ConfigError(f"actor.megatron.pipeline_model_parallel_size={m.pipeline_model_parallel_size}: pipeline "
-                          f"parallelism is not built (fix: set it to 1)")
+    pp = m.pipeline_model_parallel_size
+    if pp > 1:  # trainer/backends/megatron_pipeline.py
+        from trainer.backends.megatron_pipeline import check_pipeline_config
+
+        check_pipeline_config(cfg, loop, world)
     if m.sequence_parallel and tp == 1:
         raise ConfigError("actor.megatron.sequence_parallel=true: sequence parallelism splits the sequence over the "
                           "tensor-parallel ranks, and actor.megatron.tensor_model_parallel_size=1 (fix: set "
@@ -188,7 +191,7 @@ def cpu_shim() -> None:
         else moe_utils.maybe_move_tensor_to_cpu(tensor, as_numpy, record_stream))
 
 
-def init_parallel(tp: int = 1, ep: int = 1, *, seed: int = 0) -> None:
+def init_parallel(tp: int = 1, ep: int = 1, *, pp: int = 1, seed: int = 0) -> None:
     """megatron-core's parallel groups over the default process group (a one-rank gloo group is started
     when none exists). Experts are never tensor-parallel (expert-TP size 1: each expert whole on its
     rank, `GroupedExperts`); under TP the ranks of a TP group hold the same experts and train them on
@@ -205,7 +208,7 @@ def init_parallel(tp: int = 1, ep: int = 1, *, seed: int = 0) -> None:
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
-    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep,
+    ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, pipeline_model_parallel_size=pp,
                                  expert_tensor_parallel_size=1)
     model_parallel_cuda_manual_seed(seed)
 
@@ -276,9 +279,17 @@ def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention
     if bridge.make_vocab_size_divisible_by:
         d = bridge.make_vocab_size_divisible_by
         bridge.padded_vocab_size = kw["vocab_size"] = -(-bridge.vocab_size // d) * d
-    return GPTModel(config=c, transformer_layer_spec=spec,
-                    share_embeddings_and_output_weights=bool(getattr(bridge.hf_config, "tie_word_embeddings", False)),
-                    **kw)
+    from megatron.core import parallel_state as ps
+
+    from trainer.backends.megatron_pipeline import cpu_cuda_calls, pipeline_size
+
+    # a pipeline stage: the embedding on the first, the final norm and output layer on the last, its own layers
+    with cpu_cuda_calls() if pipeline_size() > 1 else contextlib.nullcontext():  # tied embeddings' setup
+        return GPTModel(config=c, transformer_layer_spec=spec, pre_process=ps.is_pipeline_first_stage(),
+                        post_process=ps.is_pipeline_last_stage(),
+                        share_embeddings_and_output_weights=bool(getattr(bridge.hf_config, "tie_word_embeddings",
+                                                                         False)),
+                        **kw)
 
 
 # --------------------------------------------------------------------------- weights in and out
@@ -339,11 +350,13 @@ def hf_checkpoint_tensors(hf_model: torch.nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_hf_weights(model: torch.nn.Module, bridge: Any, hf: dict[str, torch.Tensor]) -> None:
     """Copy HF checkpoint-layout tensors into this rank's shard of every megatron parameter."""
-    is_moe = bool(bridge.config.num_moe_experts)
+    from trainer.backends.megatron_pipeline import global_layer_name, layer_offset
+
+    is_moe, offset = bool(bridge.config.num_moe_experts), layer_offset(model)
     for name, param in _expanded(model.state_dict(keep_vars=True).items()):
         if "_extra_state" in name:
             continue
-        te = _global_expert(_te_name(name, is_moe), bridge)
+        te = _global_expert(_te_name(global_layer_name(name, offset), is_moe), bridge)
         hf_names = bridge._weight_name_mapping_mcore_to_hf(te)
         missing = [h for h in hf_names if h not in hf]
         if missing:
@@ -383,13 +396,18 @@ def _runtime_layout(items: list[tuple[str, torch.Tensor]]) -> Iterator[tuple[str
 
 @torch.no_grad()
 def export_hf_weights(model: torch.nn.Module, bridge: Any) -> list[tuple[str, torch.Tensor]]:
-    """Full weights by HF in-memory name (TP shards gathered, EP shards gathered), on every rank."""
+    """Full weights by HF in-memory name (TP shards gathered, EP shards gathered) of this pipeline stage's
+    parameters, on every rank (`named_weights` gathers the stages)."""
     from megatron.core import parallel_state as ps
 
-    is_moe = bool(bridge.config.num_moe_experts)
+    from trainer.backends.megatron_pipeline import global_layer_name, is_tied_copy, layer_offset
+
+    is_moe, offset = bool(bridge.config.num_moe_experts), layer_offset(model)
     out: list[tuple[str, torch.Tensor]] = []
     for name, param in _expanded(model.named_parameters()):
-        te = _te_name(name, is_moe)
+        if is_tied_copy(name, model):  # the first stage exports the tied embedding
+            continue
+        te = _te_name(global_layer_name(name, offset), is_moe)
         t = param.detach()
         expert = ".mlp.experts." in te
         tp_size = bridge.mpu.etp_size if expert else bridge.mpu.tp_size
@@ -494,7 +512,12 @@ class MegatronActor(Actor):
         (`dtype`: the megatron parameters' dtype; default the HF model's)."""
         m = cfg.megatron
         megatron_optimizer = use_megatron_optimizer_on(cfg, device)  # a ConfigError before anything is built
-        init_parallel(m.tensor_model_parallel_size, m.expert_model_parallel_size, seed=seed)
+        if m.pipeline_model_parallel_size > 1:
+            from trainer.backends.megatron_pipeline import check_pipeline_model
+
+            check_pipeline_model(cfg, hf_model.config, megatron_optimizer)
+        init_parallel(m.tensor_model_parallel_size, m.expert_model_parallel_size, pp=m.pipeline_model_parallel_size,
+                      seed=seed)
         dtype = dtype or next(hf_model.parameters()).dtype
         bridge = build_bridge(hf_model.config, dtype=dtype, moe_aux_loss_coeff=cfg.moe_aux_loss_coeff,
                               sequence_parallel=m.sequence_parallel)
@@ -515,7 +538,13 @@ class MegatronActor(Actor):
         if model is not None and model is not self.model:
             raise ConfigError("actor.use_kl_loss: the reference policy is not built for actor.strategy=megatron "
                               "(fix: actor.use_kl_loss=false, or actor.strategy=fsdp2)")
-        ids, index = left_align(micro)
+        return self._head_logprobs(micro, self._decoder_forward(micro), with_entropy=with_entropy)
+
+    def _decoder_forward(self, micro: Batch) -> torch.Tensor:
+        """This pipeline stage's decoder output `[T, N, H]` on the micro-batch's left-aligned rows (sequence
+        parallel: this rank's `[T / TP, N, H]`); the last stage's has the final norm applied. A stage after the
+        first takes the previous stage's output (megatron's `set_input_tensor`, megatron_pipeline.py)."""
+        ids, _ = left_align(micro)
         sp = self.bridge.config.sequence_parallel
         if sp:  # the sequence splits evenly over the TP ranks: padding after every row's tokens (causal: unread)
             tp = self.bridge.mpu.tp_size
@@ -534,12 +563,17 @@ class MegatronActor(Actor):
                     raise RuntimeError("MegatronActor: the mini-batch's token count is not known before its "
                                        "micro-batches (begin_mini_batch was not called)")
                 set_aux_loss_scale(float(micro.response_mask.sum()) / self._mini_batch_tokens, ids.device)
-        self.gpt.post_process = False  # the decoder's output (final norm applied), no [N, T, V] logits
+        post_process, self.gpt.post_process = self.gpt.post_process, False  # decoder output, no [N, T, V] logits
         try:
-            hidden = self.model(ids, pos, causal, **kw)  # [T, N, H]; sequence parallel: this rank's [T / TP, N, H]
+            return self.model(ids, pos, causal, **kw)  # [T, N, H]; sequence parallel: this rank's [T / TP, N, H]
         finally:
-            self.gpt.post_process = True
-        if sp:  # every TP rank computes the whole loss: its gradient's own slice flows back (no reduction)
+            self.gpt.post_process = post_process
+
+    def _head_logprobs(self, micro: Batch, hidden: torch.Tensor, *, with_entropy: bool = False
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(logprobs [n, R], entropy [n, R])` of the responses from the last stage's decoder output."""
+        _, index = left_align(micro)
+        if self.bridge.config.sequence_parallel:  # every TP rank computes the whole loss: its gradient's own slice flows back (no reduction)
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
             hidden = gather_from_sequence_parallel_region(hidden, tensor_parallel_output_grad=False)
@@ -549,6 +583,25 @@ class MegatronActor(Actor):
         head = SimpleNamespace(weight=output_weight(self.gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
         return lm_head_logprobs(h, head, micro.responses, temperature=self.temperature,
                                 chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy)
+
+    # ------------------------------------------------------------------ pipeline parallelism (megatron_pipeline.py)
+    def forward_backward(self, micros: list[Batch], loss_fn: LossFn) -> list[MicroBatchOut]:
+        from trainer.backends import megatron_pipeline
+
+        if megatron_pipeline.pipeline_size() == 1:
+            return super().forward_backward(micros, loss_fn)
+        return megatron_pipeline.forward_backward(self, micros, loss_fn)
+
+    @torch.no_grad()
+    def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None,
+                         model: torch.nn.Module | None = None) -> torch.Tensor:
+        from trainer.backends import megatron_pipeline
+
+        if megatron_pipeline.pipeline_size() == 1 or model not in (None, self.model):
+            return super().compute_logprobs(batch, micro_batch_size, model)
+        self.model.eval()
+        return megatron_pipeline.logprobs(self, list(batch.chunks(micro_batch_size or
+                                                                  self.cfg.ppo_micro_batch_size_per_gpu)))
 
     # ------------------------------------------------------------------ reductions
     def data_parallel(self) -> tuple[int, int]:
@@ -579,6 +632,7 @@ class MegatronActor(Actor):
             from trainer.backends.megatron_gpu import megatron_step
 
             return megatron_step(self)
+        from trainer.backends import megatron_pipeline as mp
         from trainer.backends.megatron_norm import tp_partial_grad_params
 
         dense, experts = [], []
@@ -589,20 +643,26 @@ class MegatronActor(Actor):
         if ps.get_tensor_model_parallel_world_size() > 1:  # q/k norms (own heads), sequence-parallel norms and routers
             for p in tp_partial_grad_params(self.gpt):
                 dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
+        if mp.pipeline_size() > 1:  # the tied embedding's copies on the first and last stage: one gradient
+            mp.reduce_tied_embedding_grad(self.gpt)
         for params, group in ((dense, ps.get_data_parallel_group()), (experts, ps.get_expert_data_parallel_group())):
             if dist.get_world_size(group) > 1:
                 for _, p in params:
                     dist.all_reduce(p.grad, group=group)
         tp_rank = ps.get_tensor_model_parallel_rank()
-        dense_sq = sum((p.grad.double().pow(2).sum() for _, p in dense
-                        if getattr(p, "tensor_model_parallel", False) or tp_rank == 0), torch.zeros((), dtype=torch.float64))
+        dense_sq = sum((p.grad.double().pow(2).sum() for name, p in dense
+                        if (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
+                        and not mp.is_tied_copy(name, self.gpt)), torch.zeros((), dtype=torch.float64))
         expert_sq = sum((p.grad.double().pow(2).sum() for _, p in experts), torch.zeros((), dtype=torch.float64))
         if ps.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(dense_sq, group=ps.get_tensor_model_parallel_group())
         if experts and ps.get_expert_tensor_and_model_parallel_group() is not None and \
                 dist.get_world_size(ps.get_expert_tensor_and_model_parallel_group()) > 1:
             dist.all_reduce(expert_sq, group=ps.get_expert_tensor_and_model_parallel_group())
-        norm = (dense_sq + expert_sq).sqrt().float()
+        sq = dense_sq + expert_sq
+        if mp.pipeline_size() > 1:  # each stage's own parameters
+            mp.sum_over_pipeline(sq)
+        norm = sq.sqrt().float()
         scale = min(1.0, self.cfg.grad_clip / (float(norm) + 1e-6))
         if scale < 1.0:
             for p in self.model.parameters():
@@ -613,7 +673,10 @@ class MegatronActor(Actor):
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full weights by HF name (a collective: every rank gathers the TP / EP shards), in the HF
         model's `named_parameters()` order, the order the fully-async weight broadcast sends in."""
-        weights = dict(export_hf_weights(self.gpt, self.bridge))
+        weights = export_hf_weights(self.gpt, self.bridge)
+        from trainer.backends.megatron_pipeline import gather_stage_weights, pipeline_size
+
+        weights = dict(gather_stage_weights(weights, self.device) if pipeline_size() > 1 else weights)
         if self.hf_order is None:
             yield from sorted(weights.items())
             return
@@ -643,8 +706,8 @@ class MegatronActor(Actor):
         super().load_state_dict({k: v for k, v in state.items() if k != "optimizer_impl"})
 
     def checkpoint_layout(self) -> str:
-        """`megatron_tp<T>_ep<E>_world<N>`: one state per rank, each its own shards (actor_state.py)."""
+        """`megatron_tp<T>_pp<P>_ep<E>_world<N>`: one state per rank, each its own shards (actor_state.py)."""
         from megatron.core import parallel_state as ps
 
-        return (f"megatron_tp{ps.get_tensor_model_parallel_world_size()}_ep{ps.get_expert_model_parallel_world_size()}"
-                f"_world{dist.get_world_size()}")
+        return (f"megatron_tp{ps.get_tensor_model_parallel_world_size()}_pp{ps.get_pipeline_model_parallel_world_size()}"
+                f"_ep{ps.get_expert_model_parallel_world_size()}_world{dist.get_world_size()}")

@@ -1,0 +1,181 @@
+"""Pipeline parallelism of the Megatron backend (`trainer/backends/megatron_pipeline.py`), CPU / gloo.
+
+Two gloo processes with `actor.megatron.pipeline_model_parallel_size=2` (each rank one stage, half the
+decoder layers) against one process with PP=1, same HF weights loaded through the bridge both times,
+for a dense model with tied embeddings (tiny qwen3), one with untied embeddings (tiny llama) and an MoE
+(tiny qwen3_moe, megatron's aux loss on): the same log-probs (1e-5), the same update metrics on both
+ranks (pg_loss, entropy, grad_norm, MoE router statistics; 1e-4 relative), and after one update (two
+mini-batches of two micro-batches each, unequal response lengths) the same exported HF-named weights,
+on both ranks, within the two-rank test's bound of `tests/unit/test_megatron_backend.py`. The tiny
+models are built with 4 layers (2 per stage). `python3 -m pytest -m integration tests/unit/test_megatron_pipeline.py`
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
+from tests.helpers.configs import tiny_config
+from trainer.backends.strategy import check_strategy, megatron_missing
+from trainer.batch import Batch
+from trainer.config import ActorConfig, MegatronConfig, ModelConfig, load_config
+from trainer.errors import ConfigError
+from trainer.models import load_model_and_tokenizer
+
+pytestmark = pytest.mark.skipif(megatron_missing() is not None,
+                                reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
+CASES = {"qwen3": {}, "llama": {"tie_word_embeddings": False}, "qwen3_moe": {}}
+METRICS = ("actor/pg_loss", "actor/entropy", "actor/grad_norm", "actor/ppo_kl", "actor/pg_clipfrac")
+MOE_METRICS = ("actor/moe/load_balancing_loss", "actor/moe/router_entropy", "actor/moe/expert_load/max",
+               "actor/moe/expert_load/cv")
+
+
+def _hf(arch: str):
+    overrides = {"num_hidden_layers": 4, **CASES[arch]}
+    m, _ = load_model_and_tokenizer(ModelConfig(path=f"tiny:{arch}", override_config=overrides), seed=0)
+    with torch.no_grad():  # routers away from zero (Qwen3-MoE's start there) so routing is not a tie
+        for r in m.modules():
+            if type(r).__name__.endswith("TopKRouter"):
+                r.weight.normal_(0, 0.3, generator=torch.Generator().manual_seed(1))
+    return m
+
+
+def _megatron(arch: str, pp: int = 1):
+    from trainer.backends.megatron import MegatronActor
+
+    cfg = ActorConfig(lr=1e-3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
+                      entropy_coeff=0.01, moe_aux_loss_coeff=0.01 if arch == "qwen3_moe" else 0.0,
+                      megatron=MegatronConfig(pipeline_model_parallel_size=pp))
+    return MegatronActor.from_hf(_hf(arch), cfg, temperature=1.0, max_response_length=R, device=torch.device("cpu"))
+
+
+def _batch() -> Batch:
+    b, g = unequal_lengths_batch(5)
+    b.advantages = torch.randn(N_RESP, 1, generator=g).expand(N_RESP, R) * b.response_mask
+    b.old_logprobs = -2.0 + 0.1 * torch.randn(N_RESP, R, generator=g)
+    return b
+
+
+def _worker(rank: int, port: int, arch: str, out: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
+    meg = _megatron(arch, pp=2)
+    layers = len(meg.gpt.decoder.layers)
+    logp = meg.compute_logprobs(_batch())
+    metrics = meg.update(_batch(), N)
+    weights = dict(meg.named_weights())
+    torch.save({"logp": logp, "metrics": metrics, "weights": weights, "layers": layers,
+                "layout": meg.checkpoint_layout()}, f"{out}.{rank}")
+    torch.distributed.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_two_stages(arch: str) -> list[dict]:
+    """Both ranks' results of the PP=2 run."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "rank")
+        mp.start_processes(_worker, args=(_free_port(), arch, out), nprocs=2, join=True, start_method="spawn")
+        return [torch.load(f"{out}.{r}") for r in range(2)]
+
+
+def weight_mismatch(got: dict[str, torch.Tensor], ref: list[tuple[str, torch.Tensor]]) -> list[tuple]:
+    """Tensors outside the two-rank bound: all but <= 0.1% of each within 2e-5, the rest within 2.5e-4 (a quarter
+    of one Adam step at lr 1e-3, where a gradient within rounding of zero makes g / sqrt(v) ill-conditioned)."""
+    bad = []
+    for k, v in ref:
+        d = (got[k] - v).abs()
+        if float(d.max()) > 2.5e-4 or int((d > 2e-5).sum()) > max(1, d.numel() // 1000):
+            bad.append((k, float(d.max()), int((d > 2e-5).sum()), d.numel()))
+    return bad
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("arch", list(CASES))
+def test_two_stages_match_one(arch):
+    ranks = run_two_stages(arch)
+    assert [r["layers"] for r in ranks] == [2, 2]  # each stage built only its own half of the 4 layers
+    assert ranks[0]["layout"] == "megatron_tp1_pp2_ep1_world2"
+    one = _megatron(arch)
+    ref_logp = one.compute_logprobs(_batch())
+    ref_m = one.update(_batch(), N)
+    ref_w = list(one.named_weights())
+    keys = METRICS + (MOE_METRICS if arch == "qwen3_moe" else ())
+    for r in ranks:  # every rank returns the last stage's log-probs, the same metrics and the whole model
+        torch.testing.assert_close(r["logp"], ref_logp, rtol=0, atol=1e-5)
+        for k in keys:
+            assert abs(r["metrics"][k] - ref_m[k]) <= 1e-4 * max(abs(ref_m[k]), 1e-2), (k, r["metrics"][k], ref_m[k])
+        assert list(r["weights"]) == [k for k, _ in ref_w]  # the HF model's names, in its order, once each
+        assert weight_mismatch(r["weights"], ref_w) == []
+
+
+def _meg_cfg(tmp_path, *, trainer: dict | None = None, model: str = "tiny:qwen3", **megatron):
+    sections = {"model": {"path": model}, "actor": {"strategy": "megatron", "megatron": megatron},
+                "trainer": trainer or {}}
+    return load_config(tiny_config(str(tmp_path / "run"), **sections))
+
+
+RAY = {"use_ray": True, "n_gpus_per_node": 2}
+
+
+FOUR = {**RAY, "n_gpus_per_node": 4}
+
+
+@pytest.mark.parametrize(("trainer", "megatron", "match"), [
+    ({}, {}, r"the single-process loop has one rank \(fix: trainer\.use_ray=true"),
+    ({**RAY, "n_gpus_per_node": 3}, {},
+     r"2 stages x tensor_model_parallel_size=1 = 2 ranks does not divide the 3 trainer ranks"),
+    (FOUR, {"tensor_model_parallel_size": 4}, r"2 stages x tensor_model_parallel_size=4 = 8 ranks does not divide the 4"),
+    (FOUR, {"expert_model_parallel_size": 4}, r"2 stages x expert_model_parallel_size=4 = 8 ranks does not divide the 4"),
+    (FOUR, {"tensor_model_parallel_size": 2, "sequence_parallel": True},
+     r"pipeline parallelism is not built together with actor\.megatron\.sequence_parallel"),
+])
+def test_pipeline_settings_not_run_stop_at_start(tmp_path, trainer, megatron, match):
+    model = "tiny:qwen3_moe" if "expert_model_parallel_size" in megatron else "tiny:qwen3"
+    with pytest.raises(ConfigError, match=r"^actor\.megatron\.pipeline_model_parallel_size=2: " + match) as e:
+        check_strategy(_meg_cfg(tmp_path, trainer=trainer, model=model, pipeline_model_parallel_size=2, **megatron))
+    assert "\n" not in str(e.value) and "(fix: " in str(e.value)
+
+
+def test_pipeline_layouts_that_run_are_accepted(tmp_path):
+    check_strategy(_meg_cfg(tmp_path, trainer=RAY, pipeline_model_parallel_size=2))
+    check_strategy(_meg_cfg(tmp_path, trainer={**RAY, "n_gpus_per_node": 4}, model="tiny:qwen3_moe",
+                            pipeline_model_parallel_size=2, expert_model_parallel_size=2))
+
+
+def test_pipeline_model_checks():
+    """Layers that do not split evenly over the stages, and megatron's DDP / distributed optimizer (the CUDA
+    path, not run with pipeline parallelism), stop before anything is built."""
+    from types import SimpleNamespace
+
+    from trainer.backends.megatron_pipeline import check_pipeline_model
+
+    cfg = ActorConfig(megatron=MegatronConfig(pipeline_model_parallel_size=4))
+    for layers in (2, 6):
+        with pytest.raises(ConfigError, match=rf"^actor\.megatron\.pipeline_model_parallel_size=4: the model's "
+                                              rf"{layers} decoder layers do not split evenly over 4 stages"):
+            check_pipeline_model(cfg, SimpleNamespace(num_hidden_layers=layers), False)
+    check_pipeline_model(cfg, SimpleNamespace(num_hidden_layers=8), False)
+    with pytest.raises(ConfigError, match=r"not built with megatron's DDP .* \(fix: actor\.megatron\.optimizer=torch"):
+        check_pipeline_model(cfg, SimpleNamespace(num_hidden_layers=8), True)
+
+
+def test_global_layer_names():
+    from trainer.backends.megatron_pipeline import global_layer_name
+
+    assert global_layer_name("decoder.layers.1.mlp.linear_fc1.weight", 2) == "decoder.layers.3.mlp.linear_fc1.weight"
+    assert global_layer_name("module.decoder.layers.0.self_attention.linear_qkv.weight", 4) == \
+        "module.decoder.layers.4.self_attention.linear_qkv.weight"
+    assert global_layer_name("embedding.word_embeddings.weight", 2) == "embedding.word_embeddings.weight"
