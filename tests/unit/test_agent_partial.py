@@ -251,9 +251,9 @@ def test_rollout_worker_continues_tool_trajectories_across_a_weight_sync(tmp_pat
 
 # ---------------------------------------------------------------- SGLang, through its fakes (sglang is not installed here)
 def sglang_agent(p: ToolPolicy, **agent_cfg):
-    """The agent loop on `SGLangRolloutEngine` over the SGLang-shaped fake of tests/unit/test_engine_adapters.py,
+    """The agent loop on `SGLangRolloutEngine` over the SGLang-shaped fake of tests/helpers/engines.py,
     whose requests follow the policy's script for the weights version it was sent last (log-prob -0.01)."""
-    from tests.unit.test_engine_adapters import FakeSGLangEngine
+    from tests.helpers.engines import FakeSGLangEngine
     from trainer.rollout.sglang_engine import SGLangRolloutEngine
 
     fake = FakeSGLangEngine()

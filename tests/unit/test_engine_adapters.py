@@ -7,7 +7,7 @@ names and buckets) and how they read what comes back (token ids, log-probs, fini
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.helpers.engines import FakeSGLangEngine, sgl_out
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 from trainer.rollout import sglang_engine, vllm_engine
@@ -328,75 +329,6 @@ def test_model_dir_for_engine(tmp_path: Path):
         out = Path(model_dir_for_engine(path, fmt, SavableModel(), SavableTokenizer(), out_root=tmp_path))
         assert out.parent == tmp_path and out != hf
         assert sorted(p.name for p in out.iterdir()) == ["model.safetensors", "tokenizer.json"]
-
-
-# ---------------------------------------------------------------- SGLang-shaped fakes (sglang 0.5.23)
-def sgl_out(ids: list[int], lps: list[float], reason: dict[str, Any] | None, output_ids: list[int] | None = None,
-            rid: str = "r", index: int | None = None) -> dict:
-    out = {"text": None, "output_ids": ids if output_ids is None else output_ids,
-           "meta_info": {"id": rid, "output_token_logprobs": [(lp, t, None) for lp, t in zip(lps, ids)],
-                         "finish_reason": reason, "completion_tokens": len(ids)}}
-    if index is not None:
-        out["index"] = index
-    return out
-
-
-class FakeTokenizerManager:  # sglang.srt.managers.tokenizer_manager.TokenizerManager.abort_request
-    def __init__(self, engine: FakeSGLangEngine) -> None:
-        self.engine = engine
-
-    def abort_request(self, rid: str = "", abort_all: bool = False) -> None:
-        self.engine.aborted.append(rid)
-
-
-@dataclass
-class FakeSGLangEngine:
-    """`sglang.Engine.generate(input_ids, sampling_params, return_logprob, rid, stream)` and the weight /
-    memory calls. `script(row, sampling_params)` gives a request's whole response; streamed, each
-    chunk is the cumulative output of one request after one more token (SGLang's default)."""
-
-    script: Any = None
-    calls: list[Any] = field(default_factory=list)
-    aborted: list[str] = field(default_factory=list)
-    result: Any = (True, "ok")
-
-    def __post_init__(self) -> None:
-        self.tokenizer_manager = FakeTokenizerManager(self)
-
-    def generate(self, input_ids: list[list[int]], sampling_params: list[dict], return_logprob: bool = False,
-                 rid: list[str] | None = None, stream: bool = False) -> Any:
-        self.calls.append(("generate", input_ids, sampling_params, return_logprob, rid, stream))
-        full = [self.script(row, sp) for row, sp in zip(input_ids, sampling_params)]
-        if not stream:
-            return [sgl_out(t, lp, {"type": r}, rid=rid[i]) for i, (t, lp, r) in enumerate(full)]
-
-        def chunks():
-            k = 0
-            live = set(range(len(full)))
-            while live:
-                k += 1
-                for i in sorted(live):
-                    toks, lps, reason = full[i]
-                    if rid[i] in self.aborted:
-                        live.discard(i)
-                        yield sgl_out(toks[:k - 1], lps[:k - 1], {"type": "abort"}, rid=rid[i], index=i)
-                    elif k >= len(toks):
-                        live.discard(i)
-                        yield sgl_out(toks, lps, {"type": reason}, rid=rid[i], index=i)
-                    else:
-                        yield sgl_out(toks[:k], lps[:k], None, rid=rid[i], index=i)
-        return chunks()
-
-    def update_weights_from_tensor(self, named_tensors: list, load_format: str | None = None,
-                                   flush_cache: bool = True) -> Any:
-        self.calls.append(("update", [n for n, _ in named_tensors], flush_cache))
-        return self.result
-
-    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
-        self.calls.append("release")
-
-    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
-        self.calls.append("resume")
 
 
 def test_sglang_sampling_params():

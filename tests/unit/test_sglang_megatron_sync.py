@@ -1,8 +1,8 @@
 """The SGLang engine gets from the Megatron backend what it gets from FSDP2, in the checkpoint layout.
 
 SGLang is not installable here (trainer/rollout/sglang_engine.py), so `sglang_engine.build` runs
-against a test double of `sglang.Engine` that records every `update_weights_from_tensor` call (its
-signature: `named_tensors`, `load_format`, `flush_cache`). After one Megatron update (megatron-core
+against the test double of `sglang.Engine` (`tests/helpers/engines.py`), which records every
+`update_weights_from_tensor` call (its signature: `named_tensors`, `load_format`, `flush_cache`). After one Megatron update (megatron-core
 through mbridge, CPU/gloo, fp32), the same weights go into two engines: from
 `MegatronActor.named_weights()` and from the FSDP2 path (`Actor.named_weights()` of an HF model holding
 those weights). Both must receive identical calls (bucket boundaries, names, bf16 tensors bit for bit,
@@ -18,12 +18,12 @@ from __future__ import annotations
 import copy
 import sys
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 import torch
 
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
+from tests.helpers.engines import FakeSGLangEngine
 from trainer.backends.strategy import megatron_missing
 from trainer.config import ActorConfig, ModelConfig, TrainerConfig
 from trainer.models import load_model_and_tokenizer
@@ -31,25 +31,6 @@ from trainer.models import load_model_and_tokenizer
 pytestmark = pytest.mark.skipif(megatron_missing() is not None,
                                 reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
 BUCKET = 48 << 10  # bytes: several buckets even for the tiny models
-
-
-class RecordingEngine:
-    """The `sglang.Engine` calls the adapter makes for weights and memory; records each weight call."""
-
-    def __init__(self, **kwargs: Any):
-        self.kwargs = kwargs
-        self.updates: list[tuple[list[tuple[str, torch.Tensor]], bool]] = []
-
-    def update_weights_from_tensor(self, named_tensors: list, load_format: str | None = None,
-                                   flush_cache: bool = True) -> tuple[bool, str]:
-        self.updates.append(([(n, t.detach().clone()) for n, t in named_tensors], flush_cache))
-        return True, "ok"
-
-    def release_memory_occupation(self, tags: list[str] | None = None) -> None:
-        pass
-
-    def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
-        pass
 
 
 def _hf(arch: str):
@@ -65,7 +46,7 @@ def _engine(model, tok, monkeypatch: pytest.MonkeyPatch):
     """`sglang_engine.build` on the double (the GPU check lifted: there is no GPU here)."""
     from trainer.rollout import sglang_engine
 
-    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.5.23", Engine=RecordingEngine))
+    monkeypatch.setitem(sys.modules, "sglang", SimpleNamespace(__version__="0.5.23", Engine=lambda **kwargs: FakeSGLangEngine()))
     monkeypatch.setattr(sglang_engine, "require_cuda", lambda engine, device: None)
     cfg = TrainerConfig.model_validate({"model": {"path": "tiny:x", "dtype": "bfloat16"},
                                         "rollout": {"engine": "sglang"}, "actor": {"strategy": "megatron"}})
@@ -84,7 +65,7 @@ def _checkpoint(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _problems(got: RecordingEngine, want: RecordingEngine | None, checkpoint: dict[str, torch.Tensor]) -> list[str]:
+def _problems(got: FakeSGLangEngine, want: FakeSGLangEngine | None, checkpoint: dict[str, torch.Tensor]) -> list[str]:
     out = []
     if want is not None:
         a = [([n for n, _ in b], flush) for b, flush in got.updates]
@@ -125,8 +106,8 @@ def test_megatron_and_fsdp2_send_sglang_the_same_checkpoint_buckets(arch: str, m
 
     engine = _engine(hf, tok, monkeypatch)  # one adapter; each send goes into a fresh double
 
-    def send(weights, layout=engine.layout) -> RecordingEngine:
-        engine.engine, engine.layout = RecordingEngine(), layout
+    def send(weights, layout=engine.layout) -> FakeSGLangEngine:
+        engine.engine, engine.layout = FakeSGLangEngine(), layout
         engine.update_weights(weights)
         return engine.engine
 
