@@ -6,8 +6,9 @@ for a dense model with tied embeddings (tiny qwen3), one with untied embeddings 
 (tiny qwen3_moe, megatron's aux loss on): the same log-probs (1e-5), the same update metrics on both
 ranks (pg_loss, entropy, grad_norm, MoE router statistics; 1e-4 relative), and after one update (two
 mini-batches of two micro-batches each, unequal response lengths) the same exported HF-named weights,
-on both ranks, within the two-rank test's bound of `tests/unit/test_megatron_backend.py`. The tiny
-models are built with 4 layers (2 per stage). `python3 -m pytest -m integration tests/unit/test_megatron_pipeline.py`
+on both ranks, within the two-rank test's bound of `tests/unit/test_megatron_backend.py`; with qwen3,
+each rank's state saved after that update and loaded into a fresh PP=2 actor gives the next update's
+metrics and weights exactly. The tiny models are built with 4 layers (2 per stage). `python3 -m pytest -m integration tests/unit/test_megatron_pipeline.py`
 """
 
 from __future__ import annotations
@@ -70,10 +71,28 @@ def _worker(rank: int, port: int, arch: str, out: str) -> None:
     layers = len(meg.gpt.decoder.layers)
     logp = meg.compute_logprobs(_batch())
     metrics = meg.update(_batch(), N)
-    weights = dict(meg.named_weights())
+    weights = {k: v.clone() for k, v in meg.named_weights()}  # this stage's are views of the parameters
+    resumed = _resume_check(meg, rank, f"{out}.ckpt") if arch == "qwen3" else None
     torch.save({"logp": logp, "metrics": metrics, "weights": weights, "layers": layers,
-                "layout": meg.checkpoint_layout()}, f"{out}.{rank}")
+                "layout": meg.checkpoint_layout(), "resume": resumed}, f"{out}.{rank}")
     torch.distributed.destroy_process_group()
+
+
+def _resume_check(meg, rank: int, path: str) -> dict:
+    """Per-rank state saved after the first update (`save_actor_state`), loaded into a fresh PP=2 actor: the
+    second update from it against the second update of the run that went on."""
+    from pathlib import Path
+
+    from trainer.distributed.actor_state import load_actor_state, save_actor_state
+
+    save_actor_state(meg, Path(path), rank)
+    batch = _batch()
+    batch.advantages = -batch.advantages  # another batch
+    went_on = (meg.update(batch, N), {k: v.clone() for k, v in meg.named_weights()})
+    fresh = _megatron("qwen3", pp=2)
+    load_actor_state(fresh, Path(path), rank)
+    resumed = (fresh.update(batch, N), dict(fresh.named_weights()))
+    return {"metrics": [went_on[0], resumed[0]], "weights": [went_on[1], resumed[1]]}
 
 
 def _free_port() -> int:
@@ -119,6 +138,12 @@ def test_two_stages_match_one(arch):
             assert abs(r["metrics"][k] - ref_m[k]) <= 1e-4 * max(abs(ref_m[k]), 1e-2), (k, r["metrics"][k], ref_m[k])
         assert list(r["weights"]) == [k for k, _ in ref_w]  # the HF model's names, in its order, once each
         assert weight_mismatch(r["weights"], ref_w) == []
+        if r["resume"] is not None:  # each rank's own state comes back exactly
+            (m_on, m_re), (w_on, w_re) = r["resume"]["metrics"], r["resume"]["weights"]
+            assert {k: v for k, v in m_on.items() if not k.startswith("perf/")} == \
+                {k: v for k, v in m_re.items() if not k.startswith("perf/")}
+            assert all(torch.equal(w_on[k], w_re[k]) for k in w_on)
+            assert not torch.equal(w_on["model.embed_tokens.weight"], r["weights"]["model.embed_tokens.weight"])
 
 
 def _meg_cfg(tmp_path, *, trainer: dict | None = None, model: str = "tiny:qwen3", **megatron):

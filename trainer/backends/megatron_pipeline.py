@@ -27,9 +27,9 @@ number of micro-batches M (megatron's mean over micro-batches: `output_tensor /=
 `forward_step_calc_loss`, both versions, for a `(loss, stats)` pair; `calculate_per_token_loss`
 would skip that but also changes the MoE aux loss). This trainer's micro-batch loss is already
 normalized by the mini-batch's global token counts, so the loss function hands the schedule
-`loss * M`: the gradient of each micro-batch is the plain loop's (the backward multiplies by
-fl(1/M) * M, which is exactly 1 in fp32 for M <= 1024 but a few values; the test compares the
-parameters after an update). The MoE aux loss: megatron's `MoEAuxLossAutoScaler` reads one global
+`loss * M`: the gradient of each micro-batch is the plain loop's times fl(fl(1/M) * M), exactly 1
+in fp32 for every M <= 40 and every power of two (else one unit in the last place, 6e-8 relative;
+checked for M <= 4096). The MoE aux loss: megatron's `MoEAuxLossAutoScaler` reads one global
 scale at backward time, and 1F1B runs a micro-batch's backward after later forwards, so the scale
 set before the forward would be another micro-batch's; each stage's output passes through
 `_AuxScaleAtBackward`, whose backward (the first node of that micro-batch's backward) sets the
