@@ -40,8 +40,11 @@ row padded to a multiple of TP, the decoder's output gathered over TP before the
 loss every TP rank computes whole; MoE under TP needs it, as in megatron-core), expert
 (`expert_model_parallel_size`: megatron-core's alltoall token dispatcher on every device, CPU included,
 `tests/unit/test_megatron_dispatcher.py`; experts are never tensor-parallel, so under TP the ranks of a
-TP group hold the same experts and train them on their own slices of the sequence);
-data parallel over the remaining ranks. The ranks are the Ray trainer workers (colocated with
+TP group hold the same experts and train them on their own slices of the sequence), pipeline
+(`pipeline_model_parallel_size`: each rank builds its stage's layers, megatron-core's non-interleaved
+1F1B schedule runs the update's micro-batches through the same loss function as the plain loop;
+`trainer/backends/megatron_pipeline.py`; not with sequence parallelism or megatron's DDP);
+data parallel over the remaining ranks (N / (TP x PP)). The ranks are the Ray trainer workers (colocated with
 `trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
 (`trainer/distributed/actor_state.py`). On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's

@@ -17,11 +17,11 @@ One worker (no FSDP2) uses `Actor.state_dict()` as is (the fp32 masters under `b
 optimizer state is keyed by parameter index, the sharded one by parameter name, so a checkpoint
 records its `layout` and a run with the other layout refuses it with a ConfigError.
 
-The Megatron backend (`actor.strategy: megatron`, layout `megatron_tp<T>_ep<E>_world<N>`): every
-rank's own `MegatronActor.state_dict()` (its TP / EP shards of the weights, its AdamW state) is
+The Megatron backend (`actor.strategy: megatron`, layout `megatron_tp<T>_pp<P>_ep<E>_world<N>`): every
+rank's own `MegatronActor.state_dict()` (its TP / EP shards of its pipeline stage's weights, its AdamW state) is
 gathered to rank 0 (`gather_object`) and written as one list in the same file; on load rank 0 reads
 it and each rank gets its own entry back (`scatter_object_list`). The file is tied to the parallel
-layout (a run with other TP / EP / worker counts refuses it), and rank 0 holds every rank's state
+layout (a run with other TP / PP / EP / worker counts refuses it), and rank 0 holds every rank's state
 while saving, data-parallel replicas included.
 The critic's file (`trainer/distributed/critic_state.py`) uses the same gather/scatter helpers.
 

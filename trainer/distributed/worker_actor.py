@@ -9,9 +9,10 @@ data parallel over all of them. `megatron`: a `MegatronActor` (`trainer/backends
 whose parallel groups megatron-core carves out of the workers' default process group (gloo on CPU,
 NCCL on GPU): tensor parallel `actor.megatron.tensor_model_parallel_size`, expert parallel
 `expert_model_parallel_size` (taken out of the data-parallel ranks, as megatron-core does), data
-parallel over the rest (N / TP). The ranks of one tensor-parallel group get the same piece of the
-batch; statistics are summed over the data-parallel group (`MegatronActor.all_reduce_sum`), and the
-weights leave by HF name with the TP / EP shards gathered (`named_weights`), in the HF model's
+parallel over the rest (N / (TP x PP); `pipeline_model_parallel_size` stages). The ranks of one
+tensor-parallel group and of one pipeline get the same piece of the batch; statistics are summed over
+the data-parallel group (`MegatronActor.all_reduce_sum`), and the weights leave by HF name with the
+TP / EP shards and the pipeline stages gathered (`named_weights`), in the HF model's
 parameter order, so the colocated engines and the fully-async weight broadcast take them as they
 take FSDP2's. Both are the same `Actor` interface; the loops and the workers call nothing else.
 """
@@ -33,7 +34,8 @@ def data_parallel_size(cfg: TrainerConfig, world_size: int) -> int:
     m = cfg.actor.megatron
     model_parallel = m.tensor_model_parallel_size * m.pipeline_model_parallel_size
     if world_size % model_parallel or world_size % m.expert_model_parallel_size:
-        raise ConfigError(f"actor.megatron.tensor_model_parallel_size={m.tensor_model_parallel_size}, "
+        raise ConfigError(f"actor.megatron.tensor_model_parallel_size={m.tensor_model_parallel_size} x "
+                          f"pipeline_model_parallel_size={m.pipeline_model_parallel_size}, "
                           f"expert_model_parallel_size={m.expert_model_parallel_size}: each must divide the "
                           f"{world_size} trainer workers (fix: change them or the trainer GPU count)")
     return world_size // model_parallel
