@@ -68,6 +68,7 @@ class MegatronRouterRecorder(RouterRecorder):
         self._events: list[tuple[int, torch.Tensor]] = []
         self._on = False
         self._handles = [r.register_forward_hook(self._router_hook) for r in self.routers]
+        reset_megatron_tracker()  # sized by the first model that records; this one may have other layer counts
 
     def _router_hook(self, module: torch.nn.Module, args: tuple, _out: Any) -> None:
         if not self._on:
@@ -103,6 +104,20 @@ def clear_megatron_tracker() -> None:
         moe_utils.clear_aux_losses_tracker()
         return
     get_moe_metrics_tracker().clear()
+
+
+def reset_megatron_tracker() -> None:
+    """Drop megatron-core's MoE metrics tracker entries, whose per-layer tensors the first recording sizes to its
+    model's layer count (`clear_megatron_tracker` only zeroes them); a later model with more layers would index
+    past them (0.16: the `_MOE_LAYER_WISE_LOGGING_TRACKER` dict; 0.19: the tracker object)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    try:
+        from megatron.core.transformer.moe.moe_logging import destroy_moe_metrics_tracker
+    except ImportError:
+        moe_utils.get_moe_layer_wise_logging_tracker().clear()
+        return
+    destroy_moe_metrics_tracker()
 
 
 def set_aux_loss_scale(weight: float, device: torch.device) -> None:
