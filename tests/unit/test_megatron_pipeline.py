@@ -8,7 +8,8 @@ ranks (pg_loss, entropy, grad_norm, MoE router statistics; 1e-4 relative), and a
 mini-batches of two micro-batches each, unequal response lengths) the same exported HF-named weights,
 on both ranks, within the two-rank test's bound of `tests/unit/test_megatron_backend.py`; with qwen3,
 each rank's state saved after that update and loaded into a fresh PP=2 actor gives the next update's
-metrics and weights exactly. The tiny models are built with 4 layers (2 per stage). `python3 -m pytest -m integration tests/unit/test_megatron_pipeline.py`
+metrics and weights exactly. Slow tier: PP=2 x TP=2 with sequence parallelism and EP=2 on 4 ranks
+(qwen3_moe), the same checks. The tiny models are built with 4 layers (2 per stage). `python3 -m pytest -m integration tests/unit/test_megatron_pipeline.py`
 """
 
 from __future__ import annotations
@@ -47,13 +48,15 @@ def _hf(arch: str):
     return m
 
 
-def _megatron(arch: str, pp: int = 1):
+def _megatron(arch: str, pp: int = 1, dp: int = 1, **layout):
     from trainer.backends.megatron import MegatronActor
+    from trainer.distributed.sharding import worker_actor_config
 
     cfg = ActorConfig(lr=1e-3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
                       entropy_coeff=0.01, moe_aux_loss_coeff=0.01 if arch == "qwen3_moe" else 0.0,
-                      megatron=MegatronConfig(pipeline_model_parallel_size=pp))
-    return MegatronActor.from_hf(_hf(arch), cfg, temperature=1.0, max_response_length=R, device=torch.device("cpu"))
+                      megatron=MegatronConfig(pipeline_model_parallel_size=pp, **layout))
+    return MegatronActor.from_hf(_hf(arch), worker_actor_config(cfg, dp), temperature=1.0, max_response_length=R,
+                                 device=torch.device("cpu"))
 
 
 def _batch() -> Batch:
@@ -63,14 +66,19 @@ def _batch() -> Batch:
     return b
 
 
-def _worker(rank: int, port: int, arch: str, out: str) -> None:
+def _worker(rank: int, world: int, port: int, arch: str, layout: dict, out: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    meg = _megatron(arch, pp=2)
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    from trainer.distributed.sharding import shard_batch
+
+    dp = world // (2 * layout.get("tensor_model_parallel_size", 1))
+    meg = _megatron(arch, pp=2, dp=dp, **layout)
     layers = len(meg.gpt.decoder.layers)
     logp = meg.compute_logprobs(_batch())
-    metrics = meg.update(_batch(), N)
+    dp_rank, _ = meg.data_parallel()
+    piece = _batch() if dp == 1 else shard_batch(_batch(), world_size=dp, mini_batch_rows=2 * N)[dp_rank]
+    metrics = meg.update(piece, N)
     weights = {k: v.clone() for k, v in meg.named_weights()}  # this stage's are views of the parameters
     resumed = _resume_check(meg, rank, f"{out}.ckpt") if arch == "qwen3" else None
     torch.save({"logp": logp, "metrics": metrics, "weights": weights, "layers": layers,
@@ -101,13 +109,14 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_two_stages(arch: str) -> list[dict]:
-    """Both ranks' results of the PP=2 run."""
+def run_two_stages(arch: str, world: int = 2, **layout) -> list[dict]:
+    """Every rank's results of the PP=2 run (`layout`: the other MegatronConfig sizes)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
-        mp.start_processes(_worker, args=(_free_port(), arch, out), nprocs=2, join=True, start_method="spawn")
-        return [torch.load(f"{out}.{r}") for r in range(2)]
+        mp.start_processes(_worker, args=(world, _free_port(), arch, layout, out), nprocs=world, join=True,
+                           start_method="spawn")
+        return [torch.load(f"{out}.{r}") for r in range(world)]
 
 
 def weight_mismatch(got: dict[str, torch.Tensor], ref: list[tuple[str, torch.Tensor]]) -> list[tuple]:
@@ -127,6 +136,22 @@ def test_two_stages_match_one(arch):
     ranks = run_two_stages(arch)
     assert [r["layers"] for r in ranks] == [2, 2]  # each stage built only its own half of the 4 layers
     assert ranks[0]["layout"] == "megatron_tp1_pp2_ep1_world2"
+    check_against_one_rank(arch, ranks)
+
+
+@pytest.mark.integration
+@pytest.mark.slow  # 4 processes on 2 cores, ~28 s
+def test_pipeline_with_tp_sp_ep_matches_one():
+    """PP=2 x TP=2 with sequence parallelism, EP=2 folded into the TP ranks (qwen3_moe, 4 gloo ranks): the
+    stages' sequence-parallel slices (rows padded to a multiple of TP) travel between the stages, and a
+    later stage's routers get their slice of the padding mask."""
+    ranks = run_two_stages("qwen3_moe", world=4, tensor_model_parallel_size=2, sequence_parallel=True,
+                           expert_model_parallel_size=2)
+    assert ranks[0]["layout"] == "megatron_tp2_pp2_ep2_world4"
+    check_against_one_rank("qwen3_moe", ranks)
+
+
+def check_against_one_rank(arch: str, ranks: list[dict]) -> None:
     one = _megatron(arch)
     ref_logp = one.compute_logprobs(_batch())
     ref_m = one.update(_batch(), N)
@@ -164,8 +189,6 @@ FOUR = {**RAY, "n_gpus_per_node": 4}
      r"2 stages x tensor_model_parallel_size=1 = 2 ranks does not divide the 3 trainer ranks"),
     (FOUR, {"tensor_model_parallel_size": 4}, r"2 stages x tensor_model_parallel_size=4 = 8 ranks does not divide the 4"),
     (FOUR, {"expert_model_parallel_size": 4}, r"2 stages x expert_model_parallel_size=4 = 8 ranks does not divide the 4"),
-    (FOUR, {"tensor_model_parallel_size": 2, "sequence_parallel": True},
-     r"pipeline parallelism is not built together with actor\.megatron\.sequence_parallel"),
 ])
 def test_pipeline_settings_not_run_stop_at_start(tmp_path, trainer, megatron, match):
     model = "tiny:qwen3_moe" if "expert_model_parallel_size" in megatron else "tiny:qwen3"
@@ -178,6 +201,8 @@ def test_pipeline_layouts_that_run_are_accepted(tmp_path):
     check_strategy(_meg_cfg(tmp_path, trainer=RAY, pipeline_model_parallel_size=2))
     check_strategy(_meg_cfg(tmp_path, trainer={**RAY, "n_gpus_per_node": 4}, model="tiny:qwen3_moe",
                             pipeline_model_parallel_size=2, expert_model_parallel_size=2))
+    check_strategy(_meg_cfg(tmp_path, trainer=FOUR, model="tiny:qwen3_moe", pipeline_model_parallel_size=2,
+                            tensor_model_parallel_size=2, sequence_parallel=True, expert_model_parallel_size=2))
 
 
 def test_pipeline_model_checks():

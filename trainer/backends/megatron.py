@@ -43,7 +43,7 @@ loss every TP rank computes whole; MoE under TP needs it, as in megatron-core), 
 TP group hold the same experts and train them on their own slices of the sequence), pipeline
 (`pipeline_model_parallel_size`: each rank builds its stage's layers, megatron-core's non-interleaved
 1F1B schedule runs the update's micro-batches through the same loss function as the plain loop;
-`trainer/backends/megatron_pipeline.py`; not with sequence parallelism or megatron's DDP);
+`trainer/backends/megatron_pipeline.py`; not with megatron's DDP and distributed optimizer);
 data parallel over the remaining ranks (N / (TP x PP)). The ranks are the Ray trainer workers (colocated with
 `trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
@@ -559,6 +559,10 @@ class MegatronActor(Actor):
         if self.router is not None:  # MoE: the padding (after each row's real tokens) left out of the router's
             # load-balancing loss; its gradient scaled to this micro-batch's token share (megatron_moe.py)
             kw["padding_mask"] = torch.arange(t, device=ids.device)[None] >= micro.attention_mask.sum(-1)[:, None]
+            if sp and not self.gpt.pre_process:  # megatron-core splits it over TP on the first pipeline stage only
+                from trainer.backends.megatron_pipeline import sequence_parallel_slice
+
+                kw["padding_mask"] = sequence_parallel_slice(kw["padding_mask"])
             if self.cfg.moe_aux_loss_coeff > 0 and self.model.training and torch.is_grad_enabled():
                 from trainer.backends.megatron_moe import set_aux_loss_scale
 

@@ -46,8 +46,12 @@ pipeline group (`sum_over_pipeline`).
 
 On a CPU-only torch (gloo; batch_isend_irecv, isend and irecv), `cpu_cuda_calls` serves the
 schedule's and the tied-embedding setup's unconditional CUDA calls (`torch.zeros(device="cuda")`,
-`tensor.cuda()`) on the CPU. Not built: virtual (interleaved) stages, pipeline parallelism with
-sequence parallelism or with megatron's DDP / distributed optimizer (CUDA; `check_megatron_supported`).
+`tensor.cuda()`) on the CPU. With sequence parallelism the stages pass
+their TP slices `[T / TP, N, H]` (the schedule's shapes from the rows padded to a multiple of TP) and a
+later stage's routers get their slice of the padding mask (`sequence_parallel_slice`; megatron-core
+splits it on the first stage only). Not built: virtual (interleaved) stages, pipeline parallelism with
+megatron's DDP / distributed optimizer (the CUDA path: `from_hf` refuses it; only one GPU was lent, so
+it could not be run).
 """
 
 from __future__ import annotations
@@ -95,7 +99,7 @@ def cpu_cuda_calls() -> contextlib.AbstractContextManager:
 
 def check_pipeline_config(cfg: Any, loop: str, world: int) -> None:
     """ConfigError (one line) for `actor.megatron.pipeline_model_parallel_size > 1` settings not run: the
-    single-process loop, a stage count that does not divide the trainer ranks, sequence parallelism."""
+    single-process loop, stages x TP (or x EP) that do not divide the trainer ranks."""
     from trainer.errors import ConfigError
 
     m = cfg.actor.megatron
@@ -109,9 +113,6 @@ def check_pipeline_config(cfg: Any, loop: str, world: int) -> None:
         if world % (pp * size):
             raise ConfigError(f"{field}: {pp} stages x {other}={size} = {pp * size} ranks does not divide the {world} "
                               f"trainer ranks ({where}) (fix: sizes whose product divides {world})")
-    if m.sequence_parallel:
-        raise ConfigError(f"{field}: pipeline parallelism is not built together with actor.megatron.sequence_parallel "
-                          f"(fix: set sequence_parallel false, or pipeline_model_parallel_size=1)")
 
 
 def check_pipeline_model(cfg: Any, hf_config: Any, megatron_optimizer: bool) -> None:
@@ -196,6 +197,15 @@ def sum_over_pipeline(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def sequence_parallel_slice(padding_mask: torch.Tensor) -> torch.Tensor:
+    """This TP rank's slice `[N, T / TP]` of a padding mask `[N, T]` under sequence parallelism, what the first
+    stage's GPTModel makes of it (`scatter_to_sequence_parallel_region` over the sequence); megatron-core 0.16 and
+    0.19 pass a later stage's mask on whole, which its routers cannot match with their `T / TP` tokens."""
+    from megatron.core.tensor_parallel import scatter_to_sequence_parallel_region
+
+    return scatter_to_sequence_parallel_region(padding_mask.transpose(0, 1).contiguous()).transpose(0, 1).contiguous()
+
+
 # --------------------------------------------------------------------------- the schedule
 
 class _AuxScaleAtBackward(torch.autograd.Function):
@@ -231,6 +241,8 @@ def _schedule(actor: Any, run: list[Batch], step: Any, *, forward_only: bool) ->
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     rows, t = run[0].input_ids.shape
+    if actor.bridge.config.sequence_parallel:  # the rows padded to a multiple of TP (`_decoder_forward`)
+        t += -t % actor.bridge.mpu.tp_size
     with cpu_cuda_calls():
         get_forward_backward_func()(forward_step_func=step, data_iterator=iter(run), model=[actor.model],
                                     num_microbatches=len(run), seq_length=t, micro_batch_size=rows,
