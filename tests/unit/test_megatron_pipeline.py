@@ -229,3 +229,23 @@ def test_global_layer_names():
     assert global_layer_name("module.decoder.layers.0.self_attention.linear_qkv.weight", 4) == \
         "module.decoder.layers.4.self_attention.linear_qkv.weight"
     assert global_layer_name("embedding.word_embeddings.weight", 2) == "embedding.word_embeddings.weight"
+
+
+def test_aux_loss_scale_takes_the_schedules_shape():
+    """megatron keeps the first aux-loss scale tensor it is given and copies later ones into it; its schedules
+    give shape [1], so the actor's per-micro-batch scale (set before the first schedule call when an update comes
+    first) must have that shape too, or the schedule's copy fails."""
+    from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
+
+    from trainer.backends.megatron_moe import set_aux_loss_scale
+
+    saved = MoEAuxLossAutoScaler.main_loss_backward_scale
+    try:
+        MoEAuxLossAutoScaler.main_loss_backward_scale = None
+        set_aux_loss_scale(0.25, torch.device("cpu"))
+        MoEAuxLossAutoScaler.set_loss_scale(torch.ones(1) / 2)  # forward_step_calc_loss: 1 / num_microbatches
+        assert MoEAuxLossAutoScaler.main_loss_backward_scale.tolist() == [0.5]
+        set_aux_loss_scale(0.25, torch.device("cpu"))
+        assert MoEAuxLossAutoScaler.main_loss_backward_scale.tolist() == [0.25]
+    finally:
+        MoEAuxLossAutoScaler.main_loss_backward_scale = saved

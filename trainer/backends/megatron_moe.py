@@ -125,5 +125,6 @@ def set_aux_loss_scale(weight: float, device: torch.device) -> None:
     backward: this micro-batch's share of the mini-batch's response tokens (module docstring)."""
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor(float(weight), device=device))
+    # shape [1], as megatron's schedules set it: the first call's tensor is kept and later ones are copied into it
+    MoEAuxLossAutoScaler.set_loss_scale(torch.tensor([float(weight)], device=device))
 
