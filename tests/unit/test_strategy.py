@@ -81,6 +81,8 @@ def _meg(tmp_path: Path, *, model: str = "tiny:qwen3", trainer: dict | None = No
 @pytest.mark.parametrize(("kw", "match"), [
     ({"megatron": {"pipeline_model_parallel_size": 2}},
      r"^actor\.megatron\.pipeline_model_parallel_size=2: the single-process loop has one rank"),
+    ({"megatron": {"pipeline_model_parallel_size": 2, "optimizer": "megatron"}, "trainer": RAY2},
+     r"^actor\.megatron\.pipeline_model_parallel_size=2: pipeline parallelism is not built with megatron's DDP"),
     ({"megatron": {"sequence_parallel": True}, "trainer": RAY2},
      r"^actor\.megatron\.sequence_parallel=true: .* and actor\.megatron\.tensor_model_parallel_size=1 \(fix"),
     ({"use_kl_loss": True}, r"^actor\.use_kl_loss: the KL loss's reference policy is not built"),

@@ -99,7 +99,8 @@ def cpu_cuda_calls() -> contextlib.AbstractContextManager:
 
 def check_pipeline_config(cfg: Any, loop: str, world: int) -> None:
     """ConfigError (one line) for `actor.megatron.pipeline_model_parallel_size > 1` settings not run: the
-    single-process loop, stages x TP (or x EP) that do not divide the trainer ranks."""
+    single-process loop, megatron's optimizer asked for (CUDA), stages x TP (or x EP) that do not divide the
+    trainer ranks."""
     from trainer.errors import ConfigError
 
     m = cfg.actor.megatron
@@ -108,6 +109,10 @@ def check_pipeline_config(cfg: Any, loop: str, world: int) -> None:
     if loop == "colocated":
         raise ConfigError(f"{field}: the single-process loop has one rank (fix: trainer.use_ray=true with "
                           f"trainer.n_gpus_per_node workers, or set it to 1)")
+    if m.optimizer == "megatron" or (m.optimizer == "auto" and cfg.trainer.device == "cuda"):  # else at build
+        raise ConfigError(f"{field}: pipeline parallelism is not built with megatron's DDP and distributed optimizer "
+                          f"(actor.megatron.optimizer={m.optimizer} on CUDA; untested) (fix: "
+                          f"actor.megatron.optimizer=torch, or pipeline_model_parallel_size=1)")
     where = "async.train_gpus" if loop == "fully_async" else "trainer.n_gpus_per_node * trainer.nnodes"
     for other, size in (("tensor_model_parallel_size", tp), ("expert_model_parallel_size", ep)):
         if world % (pp * size):
