@@ -50,8 +50,8 @@ schedule's and the tied-embedding setup's unconditional CUDA calls (`torch.zeros
 their TP slices `[T / TP, N, H]` (the schedule's shapes from the rows padded to a multiple of TP) and a
 later stage's routers get their slice of the padding mask (`sequence_parallel_slice`; megatron-core
 splits it on the first stage only). Not built: virtual (interleaved) stages, pipeline parallelism with
-megatron's DDP / distributed optimizer (the CUDA path: `from_hf` refuses it; only one GPU was lent, so
-it could not be run).
+megatron's DDP / distributed optimizer (the CUDA path: `check_pipeline_config` stops it at start, or
+`from_hf` when the device is `auto`; only one GPU was lent, so it could not be run).
 """
 
 from __future__ import annotations
