@@ -151,10 +151,15 @@ class AlgorithmConfig(_Section):
 
 
 class MegatronConfig(_Section):
-    tensor_model_parallel_size: int = Field(1, ge=1)
-    expert_model_parallel_size: int = Field(1, ge=1)
-    pipeline_model_parallel_size: int = Field(1, ge=1)
-    sequence_parallel: bool = False
+    tensor_model_parallel_size: int = Field(1, ge=1, description="TP: each layer's weights split over this many ranks")
+    expert_model_parallel_size: int = Field(1, ge=1, description=(
+        "EP: an MoE layer's experts split over this many ranks (alltoall token dispatch); experts are never TP-split"))
+    pipeline_model_parallel_size: int = Field(1, ge=1, description=(
+        "PP: the decoder layers split evenly into this many stages, megatron-core's 1F1B schedule (not with "
+        "optimizer=megatron)"))
+    sequence_parallel: bool = Field(False, description=(
+        "split norms, residuals and routers along the sequence over the TP ranks (needs TP > 1; an MoE under "
+        "TP needs it)"))
     optimizer: Literal["auto", "megatron", "torch"] = Field("auto", description=(
         "gradient sync and optimizer of actor.strategy=megatron: megatron = megatron-core's DDP (fp32 grad buffers) "
         "and distributed optimizer (Adam state and, for bf16 params, fp32 master weights sharded over the "
