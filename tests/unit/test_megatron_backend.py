@@ -143,8 +143,12 @@ def _free_port() -> int:
 
 @pytest.mark.integration
 @pytest.mark.parametrize(("arch", "tp", "ep", "sp", "aux"), [
-    ("qwen3", 2, 1, False, 0.0), ("qwen3", 2, 1, True, 0.0), ("qwen3_moe", 1, 2, False, 0.0),
-    ("qwen3_moe", 2, 2, True, 0.01)], ids=["qwen3-tp2", "qwen3-tp2-sp", "qwen3_moe-ep2", "qwen3_moe-tp2-sp-ep2"])
+    # slow tier: TP=2 without SP and EP=2 alone are also covered in the default tier, on Ray against FSDP2
+    # (tests/integration/test_megatron_ray.py) and EP=2 per layer (tests/unit/test_megatron_dispatcher.py)
+    pytest.param("qwen3", 2, 1, False, 0.0, id="qwen3-tp2", marks=pytest.mark.slow),
+    pytest.param("qwen3", 2, 1, True, 0.0, id="qwen3-tp2-sp"),
+    pytest.param("qwen3_moe", 1, 2, False, 0.0, id="qwen3_moe-ep2", marks=pytest.mark.slow),
+    pytest.param("qwen3_moe", 2, 2, True, 0.01, id="qwen3_moe-tp2-sp-ep2")])
 def test_two_ranks_match_one(arch, tp, ep, sp, aux):
     """TP=2 (dense; both ranks see the whole batch), TP=2 with sequence parallelism (each rank's norms,
     residuals and routers on half of every sequence), EP=2 (MoE; the dense part is data-parallel, each
