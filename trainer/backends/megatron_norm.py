@@ -54,7 +54,10 @@ def use_sequence_parallel_norms(layer_spec: Any, config: Any) -> Any:
     import functools
 
     from megatron.core.transformer.identity_op import IdentityOp
-    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules, get_num_layers_to_build
+    from megatron.core.transformer.transformer_block import (
+        TransformerBlockSubmodules,
+        get_num_layers_to_build,
+    )
 
     layer = layer_spec.submodules
     layer.input_layernorm = layer.pre_mlp_layernorm = SequenceParallelNorm
