@@ -4,14 +4,13 @@ and two FSDP2 workers (gloo) give one worker's update and statistics (counts sum
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
+from tests.helpers.ranks import spawn_ranks
 from trainer.backends.actor import Actor
 from trainer.batch import Batch
 from trainer.config import ActorConfig, ModelConfig
@@ -88,17 +87,10 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_fsdp_workers_match_one_worker_moe():
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_worker, args=(2, _free_port(), out), nprocs=2, join=True, start_method="spawn")
+        spawn_ranks(_worker, 2, out)
         got = torch.load(out)
     model = _model("tiny:mixtral")
     ref = Actor(model, _cfg(moe_aux_loss_coeff=0.1), temperature=1.0, max_response_length=R,

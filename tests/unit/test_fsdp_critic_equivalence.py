@@ -10,14 +10,13 @@ single-process `Critic`. Tolerance: fp32 rounding of a different reduction order
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
+from tests.helpers.ranks import spawn_ranks
 from trainer.backends.critic import Critic
 from trainer.batch import Batch
 from trainer.config import TrainerConfig
@@ -67,17 +66,10 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def two_worker_results() -> dict:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
-        mp.start_processes(_worker, args=(2, _free_port(), tmp), nprocs=2, join=True, start_method="spawn")
+        spawn_ranks(_worker, 2, tmp)
         ranks = [torch.load(os.path.join(tmp, f"rank{r}.pt")) for r in range(2)]
     return {"before": unshard_rows([r["before"] for r in ranks], world_size=2, mini_batch_rows=MINI_ROWS),
             "after": unshard_rows([r["after"] for r in ranks], world_size=2, mini_batch_rows=MINI_ROWS),

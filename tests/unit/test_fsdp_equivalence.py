@@ -9,14 +9,13 @@ the gradient norm is not. Tolerance: fp32 rounding of a different reduction orde
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
+from tests.helpers.ranks import spawn_ranks
 from trainer.backends.actor import Actor
 from trainer.batch import Batch
 from trainer.config import ActorConfig
@@ -56,12 +55,6 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_shard_batch_round_trip_keeps_global_order():
     b = _batch()
     pieces = shard_batch(b, world_size=2, mini_batch_rows=4)
@@ -74,10 +67,9 @@ def test_shard_batch_round_trip_keeps_global_order():
 
 @pytest.fixture(scope="module")
 def two_worker_results() -> dict:
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_worker, args=(2, _free_port(), out), nprocs=2, join=True, start_method="spawn")
+        spawn_ranks(_worker, 2, out)
         return torch.load(out)
 
 

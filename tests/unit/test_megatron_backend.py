@@ -11,14 +11,13 @@ Needs megatron-core and mbridge (`pip install 'rlbench[megatron]'`); skipped wit
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
+from tests.helpers.ranks import spawn_ranks
 from trainer.backends.strategy import megatron_missing
 from trainer.batch import Batch
 from trainer.config import ActorConfig, MegatronConfig, ModelConfig
@@ -135,12 +134,6 @@ def _worker(rank: int, world: int, port: int, arch: str, tp: int, ep: int, sp: b
     torch.distributed.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.integration
 @pytest.mark.parametrize(("arch", "tp", "ep", "sp", "aux"), [
     # slow tier: TP=2 without SP and EP=2 alone are also covered in the default tier, on Ray against FSDP2
@@ -155,11 +148,9 @@ def test_two_ranks_match_one(arch, tp, ep, sp, aux):
     rank a half of every mini-batch, tokens dispatched to the rank that holds their expert), and an MoE
     under TP=2 + sequence parallelism + EP=2 on the same two ranks, with the load-balancing loss (its
     partial sums over the sequence slices, and the router's gradient summed over TP)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_worker, args=(2, _free_port(), arch, tp, ep, sp, aux, out), nprocs=2, join=True,
-                           start_method="spawn")
+        spawn_ranks(_worker, 2, arch, tp, ep, sp, aux, out)
         got = torch.load(out)
     one = _megatron(_hf(arch), aux=aux)
     batch = _batch()

@@ -24,10 +24,9 @@ import tempfile
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from tests.unit.test_megatron_backend import _free_port
+from tests.helpers.ranks import spawn_ranks
 from trainer.backends.strategy import megatron_missing
 
 pytestmark = pytest.mark.skipif(megatron_missing() is not None,
@@ -145,10 +144,9 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
 @pytest.mark.integration
 def test_alltoall_dispatcher_at_ep2_matches_the_dense_moe():
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "ranks.pt")
-        mp.start_processes(_worker, args=(2, _free_port(), out), nprocs=2, join=True, start_method="spawn")
+        spawn_ranks(_worker, 2, out)
         ranks = torch.load(out)
     for r, res in enumerate(ranks):
         assert res["dispatcher"] == "MoEAlltoAllTokenDispatcher"

@@ -19,10 +19,10 @@ import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.helpers.batches import N, R
-from tests.unit.test_megatron_backend import _batch, _free_port, _hf
+from tests.helpers.ranks import spawn_ranks
+from tests.unit.test_megatron_backend import _batch, _hf
 from trainer.backends.strategy import megatron_missing
 from trainer.config import ActorConfig, MegatronConfig
 
@@ -137,10 +137,9 @@ def test_expert_parallel_moe_metrics_match_one_rank():
     """EP=2 / DP=2: each rank routes its own half of every mini-batch; the logged MoE metrics (counts
     summed over the ranks) and the update with the aux loss equal one rank's."""
     coeff = 0.1
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank0.pt")
-        mp.start_processes(_worker, args=(2, _free_port(), coeff, out), nprocs=2, join=True, start_method="spawn")
+        spawn_ranks(_worker, 2, coeff, out)
         got = torch.load(out)
     one = _megatron("qwen3_moe", coeff)
     ref = one.update(_batch(), N)

@@ -15,15 +15,14 @@ metrics and weights exactly. Slow tier: PP=2 x TP=2 with sequence parallelism an
 from __future__ import annotations
 
 import os
-import socket
 import tempfile
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
 from tests.helpers.configs import tiny_config
+from tests.helpers.ranks import spawn_ranks
 from trainer.backends.strategy import check_strategy, megatron_missing
 from trainer.batch import Batch
 from trainer.config import ActorConfig, MegatronConfig, ModelConfig, load_config
@@ -103,19 +102,11 @@ def _resume_check(meg, rank: int, path: str) -> dict:
     return {"metrics": [went_on[0], resumed[0]], "weights": [went_on[1], resumed[1]]}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_two_stages(arch: str, world: int = 2, **layout) -> list[dict]:
     """Every rank's results of the PP=2 run (`layout`: the other MegatronConfig sizes)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank")
-        mp.start_processes(_worker, args=(world, _free_port(), arch, layout, out), nprocs=world, join=True,
-                           start_method="spawn")
+        spawn_ranks(_worker, world, arch, layout, out)
         return [torch.load(f"{out}.{r}") for r in range(world)]
 
 
