@@ -639,7 +639,7 @@ class MegatronActor(Actor):
             from trainer.backends.megatron_gpu import megatron_step
 
             return megatron_step(self)
-        from trainer.backends import megatron_pipeline as mp
+        from trainer.backends import megatron_pipeline as pipe
         from trainer.backends.megatron_norm import tp_partial_grad_params
 
         dense, experts = [], []
@@ -650,8 +650,8 @@ class MegatronActor(Actor):
         if ps.get_tensor_model_parallel_world_size() > 1:  # q/k norms (own heads), sequence-parallel norms and routers
             for p in tp_partial_grad_params(self.gpt):
                 dist.all_reduce(p.grad, group=ps.get_tensor_model_parallel_group())
-        if mp.pipeline_size() > 1:  # the tied embedding's copies on the first and last stage: one gradient
-            mp.reduce_tied_embedding_grad(self.gpt)
+        if pipe.pipeline_size() > 1:  # the tied embedding's copies on the first and last stage: one gradient
+            pipe.reduce_tied_embedding_grad(self.gpt)
         for params, group in ((dense, ps.get_data_parallel_group()), (experts, ps.get_expert_data_parallel_group())):
             if dist.get_world_size(group) > 1:
                 for _, p in params:
@@ -659,7 +659,7 @@ class MegatronActor(Actor):
         tp_rank = ps.get_tensor_model_parallel_rank()
         dense_sq = sum((p.grad.double().pow(2).sum() for name, p in dense
                         if (getattr(p, "tensor_model_parallel", False) or tp_rank == 0)
-                        and not mp.is_tied_copy(name, self.gpt)), torch.zeros((), dtype=torch.float64))
+                        and not pipe.is_tied_copy(name, self.gpt)), torch.zeros((), dtype=torch.float64))
         expert_sq = sum((p.grad.double().pow(2).sum() for _, p in experts), torch.zeros((), dtype=torch.float64))
         if ps.get_tensor_model_parallel_world_size() > 1:
             dist.all_reduce(dense_sq, group=ps.get_tensor_model_parallel_group())
@@ -667,8 +667,8 @@ class MegatronActor(Actor):
                 dist.get_world_size(ps.get_expert_tensor_and_model_parallel_group()) > 1:
             dist.all_reduce(expert_sq, group=ps.get_expert_tensor_and_model_parallel_group())
         sq = dense_sq + expert_sq
-        if mp.pipeline_size() > 1:  # each stage's own parameters
-            mp.sum_over_pipeline(sq)
+        if pipe.pipeline_size() > 1:  # each stage's own parameters
+            pipe.sum_over_pipeline(sq)
         norm = sq.sqrt().float()
         scale = min(1.0, self.cfg.grad_clip / (float(norm) + 1e-6))
         if scale < 1.0:
