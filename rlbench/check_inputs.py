@@ -5,7 +5,7 @@ profile (`--profile`, or guessed from the logs' shape and said), and the logs re
     validate_arch("gfx999")                     # ConfigError listing the known arches
     profile = check_profile(args, suite, logs)  # notes and mismatch warnings on stderr
 
-Known arches: cpu, those of the device table (trainer/platform.py), of the suite (published and
+Known arches: cpu, those of the device table (trainer/platform/env.py), of the suite (published and
 reference arches) and this machine's. Defaults: the full profile checks as the published arch;
 the cpu profile on a CPU-only machine as cpu; mini needs `--arch`. Profile guessing is
 rlbench/profile_guess.py; without a single match the published profile (full) is used, and said.
@@ -24,7 +24,7 @@ from trainer.errors import ConfigError
 def known_arches(suite: Suite | None = None, detected: str | None = None) -> list[str]:
     """Arches `--arch` accepts: cpu, the device table's, the suites' and this machine's."""
     from rlbench.runner import ARCH_DEVICES
-    from trainer.platform import KNOWN_DEVICES
+    from trainer.platform.env import KNOWN_DEVICES
 
     out = {"cpu", *ARCH_DEVICES, *(d.arch for d in KNOWN_DEVICES.values())}
     if suite is not None:
@@ -43,7 +43,7 @@ def validate_arch(arch: str, suite: Suite | None = None, detected: str | None = 
 
 
 def detected_arch() -> str:
-    from trainer.platform import detect_arch
+    from trainer.platform.env import detect_arch
 
     return detect_arch()
 

@@ -97,7 +97,7 @@ def _print_outcome(outcome: Any) -> int:
 def _env(arch: str | None) -> tuple[dict[str, Any], str]:
     """The machine record and the arch to use (`--arch`, checked against the detected one)."""
     from rlbench.runner import arch_mismatch
-    from trainer.platform import collect_env
+    from trainer.platform.env import collect_env
 
     env = collect_env()
     detected = str(env.get("arch") or "cpu")

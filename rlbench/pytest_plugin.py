@@ -248,7 +248,7 @@ def pytest_report_header(config: pytest.Config) -> str | None:
 
 
 def _detect() -> dict[str, Any]:
-    from trainer.platform import collect_env
+    from trainer.platform.env import collect_env
 
     return collect_env()
 

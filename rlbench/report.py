@@ -21,7 +21,7 @@ embedded once too, so a chart costs only its data. The pieces, per suite x profi
   not; then the curve of every other metric an evaluated check reads, with its band and a line
   per check (rlbench/report_charts.py); skipped checks get no chart;
 - validation samples: each run's answers at its last sampled validation step, with the images
-  the model saw (`samples/step_K.jsonl` of `trainer.log_val_generations`, trainer/val_samples.py);
+  the model saw (`samples/step_K.jsonl` of `trainer.log_val_generations`, trainer/components/val_samples.py);
 - step-time partition and throughput (tok/s/GPU, or tok/s on a CPU run): bars only when a timing
   reference was evaluated, else a table marked as this machine's timings, compared to nothing;
 - suite, environment (with the tool sandbox's layers in force, from each run's env.json) and

@@ -87,11 +87,11 @@ def installed_packages(versions: dict[str, str | None]) -> dict[str, str]:
 def machine_info(arch: str | None = None, env: dict[str, Any] | None = None) -> dict[str, Any]:
     """`profile_unmet_requirements`' env_info for this machine, seen as `arch` (default: detected).
 
-    `env`: a `trainer.platform.collect_env()` record (probed when None). With arch `cpu` the GPUs
+    `env`: a `trainer.platform.env.collect_env()` record (probed when None). With arch `cpu` the GPUs
     are ignored: that arch means "run on the CPU".
     """
     if env is None:
-        from trainer.platform import collect_env
+        from trainer.platform.env import collect_env
 
         env = collect_env()
     arch = arch or str(env.get("arch") or "cpu")
@@ -243,8 +243,8 @@ def suite_meta(suite: Suite, profile: str, steps: int | None = None) -> dict[str
 
 
 def latest_samples(run_dirs: dict[str, Path]) -> dict[str, list[dict[str, Any]]]:
-    """Each run's validation samples (``samples/step_K.jsonl``, trainer/val_samples.py) of its last sampled step."""
-    from trainer.val_samples import read_samples
+    """Each run's validation samples (``samples/step_K.jsonl``, trainer/components/val_samples.py) of its last sampled step."""
+    from trainer.components.val_samples import read_samples
 
     out = {}
     for mode, d in run_dirs.items():
@@ -368,7 +368,7 @@ def run_profile(suite: Suite, profile: str, *, out: str | Path, arch: str, seeds
                 env: dict[str, Any] | None = None, status: Status = stderr_status) -> Outcome:
     """Train the profile (see module docstring), evaluate its checks, write the run folder."""
     if env is None:
-        from trainer.platform import collect_env
+        from trainer.platform.env import collect_env
 
         env = collect_env()
     env = {**copy.deepcopy(env), "arch": arch}

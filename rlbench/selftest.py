@@ -53,7 +53,14 @@ import yaml
 
 from rlbench.checks import evaluate
 from rlbench.ingest import load_metrics
-from rlbench.mutations import DEFAULT_MUTATIONS, MUTATIONS, Mutation, apply_mutation, copy_trainer, trainer_digest
+from rlbench.mutations import (
+    DEFAULT_MUTATIONS,
+    MUTATIONS,
+    Mutation,
+    apply_mutation,
+    copy_trainer,
+    trainer_digest,
+)
 from rlbench.runner import PROJECT_ROOT, resolved_config
 from rlbench.suite import Suite
 from trainer.errors import ConfigError
@@ -235,7 +242,7 @@ def run_selftest(suite: Suite, profile: str = "cpu", *, mutations: list[str] | N
 
 def summarize(suite: Suite, profile: str, jobs: list[Job], *, tiny: bool, sets: list[str], wall_s: float) -> dict[str, Any]:
     """Caught-by per mutation (checks failing on it and on no clean run), false alarms per clean seed."""
-    from trainer.platform import collect_env
+    from trainer.platform.env import collect_env
 
     clean = [j for j in jobs if j.mutation is None]
     alarms = {c for j in clean for c in j.failed()}

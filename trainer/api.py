@@ -4,7 +4,7 @@
     from trainer.api import train
     train(load_config("trainer/configs/grpo_smollm2_arithmetic.yaml", ["trainer.total_steps=5"]))
 
-Before anything is loaded: the start-time checks (`trainer/preflight.py`), a lock on the out_dir
+Before anything is loaded: the start-time checks (`trainer/platform/preflight.py`), a lock on the out_dir
 (a second run in the same folder is an error, not two writers of one log), and, when resuming,
 the newest intact checkpoint: a run whose checkpoint is at `trainer.total_steps` says it is
 complete and returns without loading a model.
@@ -52,7 +52,7 @@ def out_dir_lock(out_dir: Path) -> Iterator[None]:
 def train(cfg: TrainerConfig) -> Path:
     """Run the configured job (colocated or fully-async) and return `<out_dir>/metrics.jsonl`."""
     from trainer.backends.strategy import check_strategy
-    from trainer.preflight import preflight
+    from trainer.platform.preflight import preflight
 
     check_strategy(cfg)  # actor.strategy: never a silent fallback to another backend
     preflight(cfg)
@@ -62,7 +62,12 @@ def train(cfg: TrainerConfig) -> Path:
 
 
 def _train(cfg: TrainerConfig, out_dir: Path) -> Path:
-    from trainer.checkpoint import checkpoint_step, completed_message, restore_log, resume_checkpoint
+    from trainer.components.checkpoint import (
+        checkpoint_step,
+        completed_message,
+        restore_log,
+        resume_checkpoint,
+    )
 
     log_path = out_dir / "metrics.jsonl"
     ckpt = resume_checkpoint(out_dir) if cfg.trainer.resume else None
@@ -71,7 +76,7 @@ def _train(cfg: TrainerConfig, out_dir: Path) -> Path:
         print(completed_message(out_dir, ckpt, cfg.trainer.total_steps), file=sys.stderr, flush=True)
         return log_path
     (out_dir / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    from trainer.platform import prepare_run_env
+    from trainer.platform.env import prepare_run_env
 
     env = prepare_run_env(cfg.rollout.engine)  # ROCm/AITER defaults (user settings win), then recorded
     (out_dir / "env.json").write_text(json.dumps(env, indent=2, default=str))
@@ -84,6 +89,6 @@ def _train(cfg: TrainerConfig, out_dir: Path) -> Path:
     if uses_ray(cfg):  # several devices (or trainer.use_ray): Ray workers with FSDP2 across them
         return train_colocated_ray(cfg)
     from trainer.modes.colocated import train_colocated
-    from trainer.steps import build_components
+    from trainer.modes.steps import build_components
 
     return train_colocated(build_components(cfg))

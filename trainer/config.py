@@ -39,7 +39,7 @@ _POSITIVE_MODEL_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size
 
 
 class WarmStartConfig(_Section):
-    """A short supervised warm start of the loaded model before RL (`trainer/warm_start.py`), cached per setting."""
+    """A short supervised warm start of the loaded model before RL (`trainer/models/warm_start.py`), cached per setting."""
 
     data: Literal["tool-arithmetic"] = Field("tool-arithmetic", description=(
         "'tool-arithmetic': synthetic arithmetic solved by calling execute_python_code and answering "
@@ -68,16 +68,16 @@ class ModelConfig(_Section):
     gradient_checkpointing: bool = False
     override_config: dict[str, Any] = Field(default_factory=dict, description=(
         "HF config fields to override (tiny and dummy models); counts and sizes must be positive integers, "
-        "names must be fields of the model's config (checked at start, trainer/preflight.py)"))
+        "names must be fields of the model's config (checked at start, trainer/platform/preflight.py)"))
     upcycle_num_experts: int = Field(0, ge=0, description=(
         "0: the model as loaded; E >= 2: a Llama (SmolLM2) upcycled into a Mixtral MoE with E copies of every "
-        "MLP and a random router (trainer/models_moe.py); with normalized top-k weights it computes what the "
+        "MLP and a random router (trainer/models/moe.py); with normalized top-k weights it computes what the "
         "dense model computes at step 0"))
     upcycle_top_k: int = Field(2, ge=1, description="experts per token of the upcycled MoE (model.upcycle_num_experts)")
     experts_implementation: Literal["auto", "grouped_mm", "batched_mm", "eager"] = Field("auto", description=(
         "transformers' MoE experts kernel; auto: grouped_mm where torch has it (the fastest), else eager"))
     warm_start: WarmStartConfig | None = Field(None, description=(
-        "None: the model as loaded; a section: a short supervised warm start of it first (trainer/warm_start.py), "
+        "None: the model as loaded; a section: a short supervised warm start of it first (trainer/models/warm_start.py), "
         "built once per setting and cached under $RLBENCH_CACHE/models/"))
 
 

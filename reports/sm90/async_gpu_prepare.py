@@ -22,7 +22,7 @@ def main(gguf: str, cache: str) -> None:
     path = Path(gguf)
     tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
-    model.hf_quantizer = None  # de-quantized on load: save a plain checkpoint (as trainer/models.py does)
+    model.hf_quantizer = None  # de-quantized on load: save a plain checkpoint (as trainer/models/loading.py does)
     for attr in ("quantization_config", "_pre_quantization_dtype"):
         if hasattr(model.config, attr):
             delattr(model.config, attr)

@@ -79,7 +79,7 @@ def main() -> None:
     from rlbench.suite import load_suite
     from trainer.config import load_config
     from trainer.distributed.colocated_ray import train_colocated_ray
-    from trainer.metrics import read_metrics
+    from trainer.components.metrics import read_metrics
     from trainer.modes.fully_async import train_fully_async
 
     out = Path(args.out)

@@ -65,7 +65,7 @@ def main() -> None:
     from tests.helpers.configs import tiny_config
     from trainer.api import train
     from trainer.config import load_config
-    from trainer.metrics import read_metrics
+    from trainer.components.metrics import read_metrics
 
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -76,7 +76,7 @@ def main() -> None:
         try:
             from megatron.core import parallel_state as ps
 
-            from trainer.steps import build_components
+            from trainer.modes.steps import build_components
 
             c = build_components(load_config(tiny_config(str(out / f"{dtype}_probe"), **sections(dtype, a.device, a.optimizer))),
                                  with_engine=False)

@@ -1,4 +1,4 @@
-"""Cost of a crash-consistent checkpoint (`trainer/checkpoint.py`) for a state of a given size.
+"""Cost of a crash-consistent checkpoint (`trainer/components/checkpoint.py`) for a state of a given size.
 
     python tests/benchmarks/bench_checkpoint.py              # 1600 MB: SmolLM2-135M fp32 weights + AdamW moments
     python tests/benchmarks/bench_checkpoint.py --mb 200 --repeat 3
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from trainer.checkpoint import _VERIFIED, prepare_checkpoint, verify_checkpoint
-from trainer.metrics import MetricsWriter
+from trainer.components.checkpoint import _VERIFIED, prepare_checkpoint, verify_checkpoint
+from trainer.components.metrics import MetricsWriter
 
 
 def main() -> None:

@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from trainer.api import train
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
-from trainer.platform import collect_env
+from trainer.platform.env import collect_env
 
 TARGET_S = 25.0
 

@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from trainer.metrics import read_metrics
-from trainer.platform import collect_env
+from trainer.components.metrics import read_metrics
+from trainer.platform.env import collect_env
 
 ENGINES = ("hf", "vllm")
 

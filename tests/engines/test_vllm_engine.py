@@ -26,10 +26,10 @@ import signal
 import pytest
 import torch
 
-from trainer.batch import batch_from_rollout
+from trainer.components.batch import batch_from_rollout
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
-from trainer.models import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
 from trainer.ops.logprobs import response_logprobs
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.hf import HFRolloutEngine

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.metrics import read_metrics
+from trainer.components.metrics import read_metrics
 
 pytestmark = pytest.mark.vllm
 ROOT = Path(__file__).resolve().parents[2]

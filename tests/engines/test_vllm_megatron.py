@@ -29,9 +29,9 @@ import pytest
 import torch
 
 from trainer.backends.strategy import megatron_missing
-from trainer.batch import batch_from_rollout
+from trainer.components.batch import batch_from_rollout
 from trainer.config import ActorConfig, TrainerConfig
-from trainer.models import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
 from trainer.rollout.base import SamplingParams
 
 pytestmark = [pytest.mark.vllm,
@@ -68,7 +68,7 @@ def fresh():
 
 
 def _setup(arch: str, monkeypatch: pytest.MonkeyPatch, engines: list):
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
     from trainer.rollout.registry import build_engine
 
     cfg = TrainerConfig.model_validate({

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # ~3 min; the hf-engine replica tests run in the default tier
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 
 N_RESP, P, R, N = 8, 5, 6, 2  # 8 responses = 4 prompts x n=2
 

@@ -10,9 +10,9 @@ import torch
 
 from trainer.agent.loop import AgentRolloutEngine
 from trainer.api import train
-from trainer.metrics import read_metrics
+from trainer.components.metrics import read_metrics
+from trainer.modes.steps import build_components, generate_scored_batch
 from trainer.rollout.base import InterruptibleEngine, SamplingParams
-from trainer.steps import build_components, generate_scored_batch
 
 pytestmark = pytest.mark.integration
 

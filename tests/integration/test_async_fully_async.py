@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")

@@ -6,7 +6,7 @@ import torch
 
 from tests.helpers.engines import stop_after
 from trainer.config import ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.hf import HFRolloutEngine
 

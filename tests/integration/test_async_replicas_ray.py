@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 ray = pytest.importorskip("ray")
@@ -55,7 +55,7 @@ def test_two_rollout_replicas_feed_one_queue(tmp_path: Path, train_gpus: int):
 def test_two_replicas_resume_from_a_checkpoint_and_refuse_another_replica_count(tmp_path: Path):
     import torch
 
-    from trainer.checkpoint import latest_checkpoint
+    from trainer.components.checkpoint import latest_checkpoint
     from trainer.errors import ConfigError
     from trainer.modes.fully_async import train_fully_async
 

@@ -1,7 +1,7 @@
 """kill -9 at every phase of a step, then the same command again: no metrics line lost or duplicated,
 and the final log has the numbers of an uninterrupted run (colocated and Ray paths, tiny model, CPU).
 
-The kills come from the test-only hook `RLBENCH_FAULT_AT=<phase>:<step>` (`trainer/faults.py`):
+The kills come from the test-only hook `RLBENCH_FAULT_AT=<phase>:<step>` (`trainer/components/faults.py`):
 the trainer process sends itself SIGKILL at that point, so nothing (atexit, finally, Ray's own
 shutdown) runs. One out_dir takes a chain of kills, each at a later point than the last resume
 could have reached, then a clean run finishes it; after every kill the log must be a prefix of
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.faults import FAULT_ENV
-from trainer.metrics import read_metrics
+from trainer.components.faults import FAULT_ENV
+from trainer.components.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 

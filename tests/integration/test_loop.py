@@ -7,7 +7,7 @@ import math
 import pytest
 
 from trainer.api import train
-from trainer.metrics import read_metrics
+from trainer.components.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 

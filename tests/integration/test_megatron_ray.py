@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from trainer.backends.strategy import megatron_missing
-from trainer.checkpoint import latest_checkpoint
+from trainer.components.checkpoint import latest_checkpoint
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(megatron_missing() is not None,

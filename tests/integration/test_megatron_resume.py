@@ -9,8 +9,8 @@ import pytest
 from tests.helpers.configs import tiny_config
 from trainer.api import train
 from trainer.backends.strategy import megatron_missing
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration,
               pytest.mark.skipif(megatron_missing() is not None,

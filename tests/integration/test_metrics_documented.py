@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.api import train
-from trainer.metrics import read_metrics
+from trainer.components.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 

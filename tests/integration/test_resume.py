@@ -6,8 +6,8 @@ import pytest
 
 from tests.helpers.configs import tiny_config
 from trainer.api import train
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -54,7 +54,7 @@ def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, capl
     state = out / "checkpoints" / "step_000003" / "state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 3])  # a torn write (or a full disk)
     capsys.readouterr()
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.components.checkpoint"):
         resumed = read_metrics(train(load_config(tiny_config(str(out), **sections))))
     warning = caplog.text
     assert "step_000003 is damaged" in warning and "state.pt is" in warning and "step_000002 instead" in warning

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = pytest.mark.integration
 pytest.importorskip("PIL", reason="image rows need Pillow (a base dependency: pip install pillow)")
@@ -20,7 +20,7 @@ def test_vlm_grpo_run_writes_metrics_and_image_samples(tmp_path: Path):
     from PIL import Image
 
     from trainer.api import train
-    from trainer.val_samples import read_samples
+    from trainer.components.val_samples import read_samples
 
     cfg = load_config("trainer/configs/grpo_tiny_vlm_geometry.yaml", [
         f"trainer.out_dir={tmp_path}", "trainer.total_steps=2", "trainer.test_freq=2", "trainer.save_freq=0",

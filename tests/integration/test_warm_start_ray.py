@@ -2,7 +2,7 @@
 
     python3 -m pytest -q tests/integration/test_warm_start_ray.py -m slow
 
-Both Ray workers load the model at once; the file lock in `trainer.warm_start.build_cached` lets
+Both Ray workers load the model at once; the file lock in `trainer.models.warm_start.build_cached` lets
 one of them build the warm start and the other read it, so the cache holds exactly one folder.
 """
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from trainer.components.metrics import read_metrics
 from trainer.config import load_config
-from trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 ray = pytest.importorskip("ray")

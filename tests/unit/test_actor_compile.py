@@ -24,9 +24,9 @@ import torch
 from torch._dynamo.utils import counters
 
 from trainer.backends.actor import Actor
-from trainer.batch import batch_from_rollout
+from trainer.components.batch import batch_from_rollout
 from trainer.config import ActorConfig, ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 from trainer.ops.logprobs import lm_head_logprobs
 from trainer.rollout.base import Rollout
 

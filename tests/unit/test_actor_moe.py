@@ -12,10 +12,10 @@ import torch
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
 from tests.helpers.ranks import spawn_ranks
 from trainer.backends.actor import Actor
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ActorConfig, ModelConfig
 from trainer.errors import ConfigError
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 
 MOE_KEYS = {"actor/moe/load_balancing_loss", "actor/moe/router_entropy", "actor/moe/expert_load/max",
             "actor/moe/expert_load/min", "actor/moe/expert_load/cv"}

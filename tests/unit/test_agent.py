@@ -14,7 +14,7 @@ from trainer.agent.prompts import TOOL_SYSTEM_PROMPT, with_tool_prompt
 from trainer.agent.sandbox import format_observation, run_python
 from trainer.agent.tool_call import parse_tool_calls
 from trainer.algorithms.aggregation import agg_loss
-from trainer.batch import batch_from_rollout
+from trainer.components.batch import batch_from_rollout
 from trainer.config import AgentConfig, load_config
 from trainer.data.tiny_tokenizer import build_tiny_tokenizer
 from trainer.errors import ConfigError
@@ -247,7 +247,7 @@ def test_sandbox_layers_in_env_json_and_turn_metrics(tmp_path, tok) -> None:
     import json as _json
 
     from trainer.agent.sandbox import sandbox_layers
-    from trainer.steps import turn_metrics
+    from trainer.modes.steps import turn_metrics
 
     eos = tok.convert_tokens_to_ids("<|im_end|>")
     (tmp_path / "env.json").write_text(_json.dumps({"python": "3"}))
@@ -300,9 +300,9 @@ class HostileEngine(InterruptibleEngine):
 
 
 def test_hostile_tool_code_inside_a_training_run(make_config) -> None:
-    from trainer.metrics import read_metrics
+    from trainer.components.metrics import read_metrics
     from trainer.modes.colocated import train_colocated
-    from trainer.steps import build_components
+    from trainer.modes.steps import build_components
 
     cfg = make_config(agent={"enable": True, "max_turns": 2, "tool_timeout_s": 1.0, "max_parallel_tools": 4},
                       data={"max_response_length": 256, "max_prompt_length": 96},

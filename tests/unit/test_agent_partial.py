@@ -188,8 +188,8 @@ class SlowDecode(InterruptibleEngine):
 
 
 def test_tool_calls_run_while_other_samples_decode(policy: ToolPolicy) -> None:
-    from trainer.batch import batch_from_rollout
-    from trainer.steps import turn_metrics
+    from trainer.components.batch import batch_from_rollout
+    from trainer.modes.steps import turn_metrics
 
     tok = policy.tok
     engine = SlowDecode(tok, policy.eos)

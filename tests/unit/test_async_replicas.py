@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
-from trainer.distributed.weight_sync import SyncGroup, WeightSpec, receive, send, weight_fingerprint
 from trainer.errors import ConfigError
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 from trainer.modes.fully_async import replica_shares, token_version_errors
 from trainer.rollout.hf import HFRolloutEngine
+from trainer.rollout.weight_sync import SyncGroup, WeightSpec, receive, send, weight_fingerprint
 
 
 def _port() -> int:

@@ -1,5 +1,5 @@
 """Checkpoint commit order, manifests, damaged-checkpoint fallback, log restore and the fault hook
-(`trainer/checkpoint.py`, `trainer/faults.py`), on small states: no model, no training."""
+(`trainer/components/checkpoint.py`, `trainer/components/faults.py`), on small states: no model, no training."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint import (
+from trainer.components.checkpoint import (
     MANIFEST,
     finish_step,
     latest_checkpoint,
@@ -22,9 +22,9 @@ from trainer.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from trainer.components.faults import FAULT_ENV, fault_point
+from trainer.components.metrics import MetricsWriter, read_metrics
 from trainer.errors import ConfigError, RLBenchError
-from trainer.faults import FAULT_ENV, fault_point
-from trainer.metrics import MetricsWriter, read_metrics
 
 
 def _save(out: Path, step: int) -> Path:
@@ -47,7 +47,7 @@ def test_truncated_state_pt_falls_back_to_the_previous_checkpoint_and_warns(tmp_
     newest = _save(tmp_path, 4)
     state = newest / "state.pt"
     state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])  # a torn write
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.components.checkpoint"):
         used = resume_checkpoint(tmp_path)
     assert used is not None and used.name == "step_000002"
     warning = " ".join(r.getMessage() for r in caplog.records)
@@ -120,7 +120,7 @@ def test_restore_log_takes_lost_lines_from_the_checkpoint_copy(tmp_path: Path, c
     pending = prepare_checkpoint(tmp_path, 3, {"x": 3})
     finish_step(writer, 3, {"x": 3.0}, pending)
     writer.path.write_text(writer.path.read_text().splitlines()[0] + "\n")  # the log lost lines 1-3
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.components.checkpoint"):
         restore_log(writer.path, tmp_path / "checkpoints" / "step_000003", 3)
     assert _steps(writer.path) == [0, 1, 2, 3] and "restored" in caplog.text
 
@@ -129,7 +129,7 @@ def test_fresh_start_removes_checkpoints_of_an_earlier_run(tmp_path: Path, caplo
     _save(tmp_path, 4)
     log = tmp_path / "metrics.jsonl"
     MetricsWriter(log).write(4, {"x": 1.0})
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.components.checkpoint"):
         assert resume_or_start(tmp_path, log, resume=False) is None
     assert latest_checkpoint(tmp_path) is None and log.read_text() == ""
     assert "removing 1 checkpoint" in caplog.text and "replacing the 1 line" in caplog.text
@@ -148,7 +148,7 @@ def test_fault_hook_rejects_an_unknown_phase(monkeypatch):
 
 
 def test_fault_hook_kills_at_its_phase_and_step_only(tmp_path: Path):
-    code = ("from trainer.faults import fault_point\n"
+    code = ("from trainer.components.faults import fault_point\n"
             "fault_point('rollout', 2); fault_point('line', 1); print('passed', flush=True)\n"
             "fault_point('line', 2); print('not reached')\n")
     out = subprocess.run([sys.executable, "-c", code], env={**__import__("os").environ, FAULT_ENV: "line:2"},

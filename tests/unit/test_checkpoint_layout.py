@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.backends.megatron import hf_checkpoint_tensors
+from trainer.backends.megatron.backend import hf_checkpoint_tensors
 from trainer.config import ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 from trainer.rollout.checkpoint_layout import CheckpointLayout
 
 CONVERTED = {"llama": False, "qwen3_moe": True, "mixtral": True, "qwen2.5-vl": True, "qwen3.5-moe": True}
@@ -42,7 +42,7 @@ def test_layout_equals_the_saved_checkpoint(arch: str):
 
 
 def test_a_partial_sync_converts_only_what_is_sent():
-    from trainer.models_vlm import VISION_PREFIX
+    from trainer.models.vlm import VISION_PREFIX
 
     model, _ = load_model_and_tokenizer(ModelConfig(path="tiny:qwen2.5-vl"), seed=0)
     text = [(n, p.detach()) for n, p in model.named_parameters() if not n.startswith(VISION_PREFIX)]

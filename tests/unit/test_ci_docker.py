@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.platform import ROCM_DEFAULT_ENV, ROCM_ENV_NOT_SET
+from trainer.platform.env import ROCM_DEFAULT_ENV, ROCM_ENV_NOT_SET
 
 dockerfile_parse = pytest.importorskip(
     "dockerfile_parse", reason="dockerfile-parse not installed; `pip install dockerfile-parse`"
@@ -27,7 +27,7 @@ def test_rocm_env_matches_platform_defaults() -> None:
     envs = _parse(ROCM).envs
     expected = {name: value for name, (value, _why) in ROCM_DEFAULT_ENV.items()}
     in_image = {name: envs[name] for name in expected if name in envs}
-    assert in_image == expected, "docker/Dockerfile.rocm ENV differs from trainer.platform.ROCM_DEFAULT_ENV"
+    assert in_image == expected, "docker/Dockerfile.rocm ENV differs from trainer.platform.env.ROCM_DEFAULT_ENV"
     for name in ROCM_ENV_NOT_SET:
         assert name not in envs, f"{name} is listed as deliberately not set"
 

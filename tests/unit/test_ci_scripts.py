@@ -141,7 +141,7 @@ def test_run_suites_all_and_detected_arch(stub: dict[str, str]) -> None:
     assert _run("run_suites.sh", env).returncode == 0
     (call,) = [c for c in _calls(env) if c[:2] == ["-m", "pytest"]]
     assert call[2] == "suites/"
-    assert call[call.index("--arch") + 1] == "stub-arch"  # from trainer.platform.detect_arch via PYTHON -c
+    assert call[call.index("--arch") + 1] == "stub-arch"  # from trainer.platform.env.detect_arch via PYTHON -c
 
 
 @pytest.mark.parametrize(("pytest_exit", "script_exit"), [(0, 0), (1, 1), (5, 1)])

@@ -1,4 +1,4 @@
-"""`trainer.steps.collect_scored_batch`: DAPO dynamic sampling shared by the single-process and Ray loops."""
+"""`trainer.modes.steps.collect_scored_batch`: DAPO dynamic sampling shared by the single-process and Ray loops."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from collections.abc import Callable
 
 import torch
 
-from trainer.batch import Batch, batch_from_rollout
+from trainer.components.batch import Batch, batch_from_rollout
 from trainer.config import TrainerConfig
+from trainer.modes.steps import collect_scored_batch
 from trainer.rollout.base import Rollout
-from trainer.steps import collect_scored_batch
 
 
 def _cfg(*, dynamic: bool, want: int = 4, cap: int = 4) -> TrainerConfig:

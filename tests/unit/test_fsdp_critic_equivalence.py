@@ -18,7 +18,7 @@ import torch
 from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
 from tests.helpers.ranks import spawn_ranks
 from trainer.backends.critic import Critic
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import TrainerConfig
 from trainer.distributed.sharding import shard_batch, unshard_rows
 

@@ -17,7 +17,7 @@ import torch
 from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
 from tests.helpers.ranks import spawn_ranks
 from trainer.backends.actor import Actor
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ActorConfig
 from trainer.distributed.sharding import shard_batch, unshard_rows, worker_actor_config
 

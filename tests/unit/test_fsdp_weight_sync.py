@@ -7,7 +7,7 @@ import threading
 
 import torch
 
-from trainer.distributed.weight_sync import SyncGroup, WeightSpec, buckets, receive, send
+from trainer.rollout.weight_sync import SyncGroup, WeightSpec, buckets, receive, send
 
 
 def _port() -> int:

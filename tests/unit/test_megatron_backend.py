@@ -19,9 +19,9 @@ import torch
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
 from tests.helpers.ranks import spawn_ranks
 from trainer.backends.strategy import megatron_missing
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ActorConfig, MegatronConfig, ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 
 pytestmark = pytest.mark.skipif(megatron_missing() is not None,
                                 reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
@@ -51,7 +51,7 @@ def _batch() -> Batch:
 
 
 def _megatron(hf, tp: int = 1, ep: int = 1, dp: int = 1, sp: bool = False, aux: float = 0.0):
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
     from trainer.distributed.sharding import worker_actor_config
 
     return MegatronActor.from_hf(hf, worker_actor_config(_cfg(tp, ep, sp, aux), dp), temperature=1.0,
@@ -66,7 +66,7 @@ def test_logprobs_update_and_export_match_fsdp2(arch):
 
     hf = _hf(arch)
     meg = _megatron(_hf(arch))
-    if arch in ("mixtral", "qwen3_moe"):  # the experts run as grouped GEMMs (trainer/backends/megatron_experts.py)
+    if arch in ("mixtral", "qwen3_moe"):  # the experts run as grouped GEMMs (trainer/backends/megatron/experts.py)
         assert type(meg.gpt.decoder.layers[0].mlp.experts).__name__ == "GroupedExperts"
     assert type(meg.gpt.decoder.layers[0].self_attention.core_attention).__name__ == "CausalSDPA"
     batch = _batch()
@@ -96,7 +96,7 @@ def test_logprobs_update_and_export_match_fsdp2(arch):
 def test_sdpa_attention_equals_megatron_attention():
     """`CausalSDPA` (torch SDPA, GQA without repeated K/V) computes what megatron's DotProductAttention
     computes on the actor's left-aligned, causally masked rows; a wrong scale would not."""
-    from trainer.backends.megatron import build_bridge, build_gpt_model, init_parallel, left_align
+    from trainer.backends.megatron.backend import build_bridge, build_gpt_model, init_parallel, left_align
 
     hf = _hf("qwen3")  # GQA: 4 query heads over 2 KV groups
     init_parallel(1, 1, seed=0)
@@ -172,7 +172,7 @@ def test_fused_adam_switch_keeps_the_math():
     kernel, state included; the steps equal foreach AdamW's."""
     from types import SimpleNamespace
 
-    from trainer.backends.megatron_gpu import use_fused_adam
+    from trainer.backends.megatron.gpu import use_fused_adam
 
     g = torch.Generator().manual_seed(0)
     w0 = [torch.randn(7, 5, generator=g), torch.randn(11, generator=g)]
@@ -198,7 +198,7 @@ def test_fused_adam_switch_keeps_the_math():
 def test_megatron_optimizer_setting():
     """`actor.megatron.optimizer`: megatron on a CPU device stops at start with the field named; auto on CPU
     keeps torch's AdamW; a checkpoint of the other optimizer is refused, not half-loaded."""
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
     from trainer.errors import ConfigError
 
     hf = _hf("qwen3_moe")

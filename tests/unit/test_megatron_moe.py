@@ -1,5 +1,5 @@
 """MoE under the Megatron backend against the FSDP2 backend: the router load-balancing loss by
-`actor.moe_aux_loss_coeff` (megatron-core's own, `trainer/backends/megatron_moe.py`) and the
+`actor.moe_aux_loss_coeff` (megatron-core's own, `trainer/backends/megatron/moe.py`) and the
 `actor/moe/*` metrics, on tiny fp32 Qwen3-MoE / Mixtral models on CPU.
 
 Same weights, same batch (unequal response lengths, so padding is in every micro-batch): after one
@@ -40,7 +40,7 @@ def _cfg(coeff: float, ep: int = 1) -> ActorConfig:
 
 
 def _megatron(arch: str, coeff: float, ep: int = 1, dp: int = 1):
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
     from trainer.distributed.sharding import worker_actor_config
 
     return MegatronActor.from_hf(_hf(arch), worker_actor_config(_cfg(coeff, ep), dp), temperature=1.0,
@@ -97,7 +97,7 @@ def test_recorded_loss_is_megatrons_tracked_loss():
 
 
 def test_aux_loss_on_a_dense_model_is_refused():
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
     from trainer.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^actor\.moe_aux_loss_coeff=0\.01: the model is not a mixture of experts"):

@@ -1,4 +1,4 @@
-"""Pipeline parallelism of the Megatron backend (`trainer/backends/megatron_pipeline.py`), CPU / gloo.
+"""Pipeline parallelism of the Megatron backend (`trainer/backends/megatron/pipeline.py`), CPU / gloo.
 
 Two gloo processes with `actor.megatron.pipeline_model_parallel_size=2` (each rank one stage, half the
 decoder layers) against one process with PP=1, same HF weights loaded through the bridge both times,
@@ -24,10 +24,10 @@ from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
 from tests.helpers.configs import tiny_config
 from tests.helpers.ranks import spawn_ranks
 from trainer.backends.strategy import check_strategy, megatron_missing
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ActorConfig, MegatronConfig, ModelConfig, load_config
 from trainer.errors import ConfigError
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 
 pytestmark = pytest.mark.skipif(megatron_missing() is not None,
                                 reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
@@ -48,7 +48,7 @@ def _hf(arch: str):
 
 
 def _megatron(arch: str, pp: int = 1, dp: int = 1, **layout):
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
     from trainer.distributed.sharding import worker_actor_config
 
     cfg = ActorConfig(lr=1e-3, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9,
@@ -201,7 +201,7 @@ def test_pipeline_model_checks():
     path, not run with pipeline parallelism), stop before anything is built."""
     from types import SimpleNamespace
 
-    from trainer.backends.megatron_pipeline import check_pipeline_model
+    from trainer.backends.megatron.pipeline import check_pipeline_model
 
     cfg = ActorConfig(megatron=MegatronConfig(pipeline_model_parallel_size=4))
     for layers in (2, 6):
@@ -214,7 +214,7 @@ def test_pipeline_model_checks():
 
 
 def test_global_layer_names():
-    from trainer.backends.megatron_pipeline import global_layer_name
+    from trainer.backends.megatron.pipeline import global_layer_name
 
     assert global_layer_name("decoder.layers.1.mlp.linear_fc1.weight", 2) == "decoder.layers.3.mlp.linear_fc1.weight"
     assert global_layer_name("module.decoder.layers.0.self_attention.linear_qkv.weight", 4) == \
@@ -228,7 +228,7 @@ def test_aux_loss_scale_takes_the_schedules_shape():
     first) must have that shape too, or the schedule's copy fails."""
     from megatron.core.transformer.moe.moe_utils import MoEAuxLossAutoScaler
 
-    from trainer.backends.megatron_moe import set_aux_loss_scale
+    from trainer.backends.megatron.moe import set_aux_loss_scale
 
     saved = MoEAuxLossAutoScaler.main_loss_backward_scale
     try:

@@ -7,7 +7,7 @@ import torch
 
 from trainer.config import ModelConfig
 from trainer.errors import ModelError
-from trainer.models import SHAPES, eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import SHAPES, eos_token_ids, load_model_and_tokenizer
 
 
 @pytest.mark.parametrize("arch,cls", [("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM"),

@@ -9,8 +9,8 @@ import torch.nn.functional as F
 from tests.helpers.batches import unequal_lengths_batch
 from trainer.config import ModelConfig
 from trainer.errors import ModelError
-from trainer.models import load_model_and_tokenizer
-from trainer.models_moe import RouterRecorder, expert_load_metrics, is_moe, upcycle_to_mixtral
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.moe import RouterRecorder, expert_load_metrics, is_moe, upcycle_to_mixtral
 from trainer.ops.logprobs import response_hidden_states, response_logprobs
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from rlbench.mutations import AREAS, MUTATIONS, Mutation, MutationError, apply_mutation, check_targets, copy_trainer
+from rlbench.mutations import (
+    AREAS,
+    MUTATIONS,
+    Mutation,
+    MutationError,
+    apply_mutation,
+    check_targets,
+    copy_trainer,
+)
 
 
 def test_every_mutation_targets_one_place_of_the_current_trainer():

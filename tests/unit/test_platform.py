@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from trainer.errors import ConfigError
-from trainer.platform import (
+from trainer.platform.env import (
     ENV_FLAG_PATTERNS,
     KNOWN_DEVICES,
     ROCM_DEFAULT_ENV,

@@ -368,7 +368,7 @@ def test_validation_samples_and_sandbox_layers_reach_the_report(tmp_path: Path) 
 
     from rlbench.runner import evaluate_runs
     from rlbench.suite import load_suite
-    from trainer.val_samples import write_samples
+    from trainer.components.val_samples import write_samples
 
     suite = load_suite(Path(__file__).resolve().parents[2] / "suites" / "verl_geo3k_qwen35_35b_a3b_moe_gfx950.yaml")
     run_dir = tmp_path / "colocated"

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.batch import batch_from_rollout, concat_batches
+from trainer.components.batch import batch_from_rollout, concat_batches
 from trainer.config import ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 from trainer.ops.logprobs import response_logprobs
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.hf import HFRolloutEngine, sample_next

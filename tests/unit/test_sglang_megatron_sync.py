@@ -26,7 +26,7 @@ from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
 from tests.helpers.engines import FakeSGLangEngine
 from trainer.backends.strategy import megatron_missing
 from trainer.config import ActorConfig, ModelConfig, TrainerConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 
 pytestmark = pytest.mark.skipif(megatron_missing() is not None,
                                 reason="needs megatron-core and mbridge (pip install 'rlbench[megatron]')")
@@ -57,7 +57,7 @@ def _engine(model, tok, monkeypatch: pytest.MonkeyPatch):
 
 def _checkpoint(model) -> dict[str, torch.Tensor]:
     """What `save_pretrained` writes for `model` (its parameters; a tied LM head is not one), in bf16."""
-    from trainer.backends.megatron import hf_checkpoint_tensors
+    from trainer.backends.megatron.backend import hf_checkpoint_tensors
 
     out = {k: v.to(torch.bfloat16) for k, v in hf_checkpoint_tensors(model).items()}
     if getattr(model.config, "tie_word_embeddings", False):
@@ -88,7 +88,7 @@ def _problems(got: FakeSGLangEngine, want: FakeSGLangEngine | None, checkpoint: 
 @pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe", "mixtral"])
 def test_megatron_and_fsdp2_send_sglang_the_same_checkpoint_buckets(arch: str, monkeypatch: pytest.MonkeyPatch):
     from trainer.backends.actor import Actor
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
 
     hf, tok = _hf(arch)
     cfg = ActorConfig(lr=1e-2, ppo_mini_batch_size=2, ppo_micro_batch_size_per_gpu=2, grad_clip=1e9)

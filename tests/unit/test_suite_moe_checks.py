@@ -23,8 +23,8 @@ from rlbench.checks import check_metric
 from rlbench.runner import find_suite
 from tests.helpers.batches import unequal_lengths_batch
 from trainer.config import ModelConfig
-from trainer.models import load_model_and_tokenizer
-from trainer.models_moe import RouterRecorder, expert_load_metrics, upcycle_to_mixtral
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.moe import RouterRecorder, expert_load_metrics, upcycle_to_mixtral
 from trainer.ops.logprobs import response_logprobs
 
 SUITES = ["verl_geo3k_qwen35_35b_a3b_moe_gfx950", "miles_grpo_qwen3_30b_a3b_gfx942"]

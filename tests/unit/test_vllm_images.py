@@ -126,7 +126,7 @@ def test_weight_update_resets_the_encoder_cache_of_a_vision_language_engine():
 
 
 def test_steps_generate_hands_images_only_to_engines_that_take_them():
-    from trainer.steps import generate
+    from trainer.modes.steps import generate
 
     seen: list[dict] = []
 

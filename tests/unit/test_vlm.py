@@ -8,14 +8,19 @@ import torch
 pytest.importorskip("PIL", reason="image rows need Pillow (a base dependency: pip install pillow)")
 
 from trainer.backends.actor import Actor  # noqa: E402
-from trainer.batch import batch_from_rollout  # noqa: E402
+from trainer.components.batch import batch_from_rollout  # noqa: E402
 from trainer.config import ActorConfig, ModelConfig, load_config  # noqa: E402
 from trainer.data.dataset import PromptDataset, load_rows  # noqa: E402
 from trainer.data.synthetic import write_rows  # noqa: E402
 from trainer.data.synthetic_geometry import make_geometry_rows  # noqa: E402
 from trainer.errors import ConfigError  # noqa: E402
-from trainer.models import eos_token_ids, load_model_and_tokenizer  # noqa: E402
-from trainer.models_vlm import VISION_PREFIX, check_multimodal_support, freeze_vision_tower, load_vision_processor  # noqa: E402
+from trainer.models.loading import eos_token_ids, load_model_and_tokenizer  # noqa: E402
+from trainer.models.vlm import (  # noqa: E402
+    VISION_PREFIX,
+    check_multimodal_support,
+    freeze_vision_tower,
+    load_vision_processor,
+)
 from trainer.ops.logprobs import response_logprobs  # noqa: E402
 from trainer.rollout.base import SamplingParams  # noqa: E402
 from trainer.rollout.hf import HFRolloutEngine  # noqa: E402
@@ -171,8 +176,8 @@ def test_unsupported_paths_are_one_line_errors():
 
 def test_warm_start_names_parse_and_bad_ones_are_one_line_errors():
     from trainer.errors import ModelError
-    from trainer.models_vlm import is_tiny_vlm, model_is_vlm
-    from trainer.warm_start_vlm import parse_name
+    from trainer.models.vlm import is_tiny_vlm, model_is_vlm
+    from trainer.models.warm_start_vlm import parse_name
 
     assert parse_name("qwen2.5-vl+sft-geometry-easy-40") == ("qwen2.5-vl", "geometry-easy", 40, None)
     assert parse_name("qwen2.5-vl+sft-geometry-count-600-to50") == ("qwen2.5-vl", "geometry-count", 600, 50)
@@ -189,8 +194,8 @@ def test_warm_start_names_parse_and_bad_ones_are_one_line_errors():
 def test_image_forward_equals_transformers_own_forward(vlm, monkeypatch):
     """Without left padding, the shared forward (features into the image slots, M-RoPE from get_rope_index,
     Qwen3-VL's deepstack maps after its first layers) gives the logits of the model's own `forward`."""
-    from trainer import models_vlm
-    from trainer.models_vlm import multimodal_hidden_states
+    from trainer.models import vlm as models_vlm
+    from trainer.models.vlm import multimodal_hidden_states
 
     model, _, _ = vlm
     items = _items(vlm, make_geometry_rows(3, difficulty="easy", seed=0))
@@ -216,7 +221,7 @@ def test_left_padding_leaves_each_row_unchanged(vlm):
     Gated-DeltaNet layers zero their inputs (transformers' `create_recurrent_attention_mask`), so the pads add
     nothing to the conv window or the recurrent state. The pads here are an ordinary text token: the pad token's
     embedding row is zero at init, which would hide a missing mask."""
-    from trainer.models_vlm import multimodal_hidden_states
+    from trainer.models.vlm import multimodal_hidden_states
 
     model, tok, _ = vlm
     items = _items(vlm, _mixed_rows())
@@ -241,7 +246,7 @@ def test_cached_decode_after_image_prefill_equals_full_recompute(vlm):
     one at a time at the next M-RoPE text position; every step's logits equal one full forward's."""
     from transformers import DynamicCache
 
-    from trainer.models_vlm import multimodal_hidden_states
+    from trainer.models.vlm import multimodal_hidden_states
 
     model, tok, _ = vlm
     items = _items(vlm, _mixed_rows())
@@ -271,7 +276,7 @@ def test_local_qwen3_5_moe_folder_loads_and_other_families_are_one_line_errors(t
     import json
 
     from trainer.errors import ModelError
-    from trainer.models_vlm import multimodal_hidden_states
+    from trainer.models.vlm import multimodal_hidden_states
 
     model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:qwen3.5-moe"), seed=0)
     proc = load_vision_processor("tiny:qwen3.5-moe", tok, model)

@@ -1,4 +1,4 @@
-"""The supervised warm start (`trainer/warm_start.py`) and its tool-use traces (`trainer/data/tool_traces.py`).
+"""The supervised warm start (`trainer/models/warm_start.py`) and its tool-use traces (`trainer/data/tool_traces.py`).
 
 Tiny random-init models only: the traces' layout, the masked loss going down, the cache (built
 once, then read), and the config errors that name `model.warm_start`.
@@ -51,8 +51,8 @@ def test_observation_cut_like_the_rollout():
 
 def test_warm_start_trains_caches_and_reloads(tmp_path, monkeypatch):
     monkeypatch.setenv("RLBENCH_CACHE", str(tmp_path))
-    from trainer.models import load_model_and_tokenizer
-    from trainer.warm_start import cache_folder, read_facts
+    from trainer.models.loading import load_model_and_tokenizer
+    from trainer.models.warm_start import cache_folder, read_facts
 
     cfg = ModelConfig(path="tiny:llama", warm_start=WarmStartConfig(steps=6, batch_size=4, lr=3e-3, num_examples=16))
     base, _ = load_model_and_tokenizer(ModelConfig(path="tiny:llama"), seed=0)
@@ -92,7 +92,7 @@ def test_config_errors_name_the_field(make_config):
 
 def test_vision_language_models_are_refused(tmp_path, monkeypatch):
     monkeypatch.setenv("RLBENCH_CACHE", str(tmp_path))
-    from trainer.models import load_model_and_tokenizer
+    from trainer.models.loading import load_model_and_tokenizer
 
     with pytest.raises(ModelError, match=r"model.warm_start: tiny:qwen2.5-vl is a vision-language model"):
         load_model_and_tokenizer(ModelConfig(path="tiny:qwen2.5-vl", warm_start=WarmStartConfig(steps=1)))
@@ -101,7 +101,7 @@ def test_vision_language_models_are_refused(tmp_path, monkeypatch):
 def test_tool_call_ratio_counts_trajectories_with_a_call():
     from types import SimpleNamespace
 
-    from trainer.steps import turn_metrics
+    from trainer.modes.steps import turn_metrics
 
     meta = {"num_turns": [2, 4, 4, 2], "tool_calls": [0, 1, 2, 0], "tool_errors": [0, 1, 0, 0],
             "tool_s": [0.0] * 4, "tool_wall_s": [0.0] * 4}
@@ -111,8 +111,8 @@ def test_tool_call_ratio_counts_trajectories_with_a_call():
 
 def test_tool_first_prob_batched_equals_one_prompt_at_a_time():
     from trainer.agent.tool_call import TOOL_CALL_OPEN
-    from trainer.models import load_model_and_tokenizer
-    from trainer.warm_start import tool_first_prob
+    from trainer.models.loading import load_model_and_tokenizer
+    from trainer.models.warm_start import tool_first_prob
 
     model, tok = load_model_and_tokenizer(ModelConfig(path="tiny:llama"), seed=0)
     prompts = [list(r.prompt_ids) for r in tool_trace_examples(tok, num=5, difficulty="hard", tool_fraction=0.5,

@@ -32,7 +32,7 @@ from typing import Any
 
 from trainer.agent.tool_call import TOOL_CALL_CLOSE, ToolCall, last_tool_call
 
-# per-trajectory counters (`Rollout.turn_stats`); trainer.steps and the rollout worker copy them into batch.meta
+# per-trajectory counters (`Rollout.turn_stats`); trainer.modes.steps and the rollout worker copy them into batch.meta
 TURN_KEYS = ("num_turns", "tool_calls", "tool_errors", "tool_s", "tool_wall_s", "tool_overlap_s")
 
 

@@ -16,7 +16,7 @@ Because every micro-batch loss is divided by the *mini-batch's* token (or sequen
 gradient is the same whatever the micro-batch size and the number of data-parallel workers.
 `micro_batch_loss` is the one copy of that loss math; `forward_backward` runs a mini-batch's
 micro-batches through it one after the other, and is the hook where a backend runs them another way
-(the Megatron backend's pipeline schedule, `trainer/backends/megatron_pipeline.py`).
+(the Megatron backend's pipeline schedule, `trainer/backends/megatron/pipeline.py`).
 When the step is exactly on-policy (one epoch, one mini-batch, old log-probs recomputed by the
 trainer) the update forward *is* the old-log-prob forward: `old_logprobs = logp.detach()`, saving a
 forward pass, as verl does.
@@ -51,12 +51,12 @@ from trainer.algorithms.kl import kl_penalty
 from trainer.algorithms.mismatch import truncated_is_weights
 from trainer.algorithms.policy_loss import compute_policy_loss
 from trainer.backends.mixed_precision import BF16Params
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ActorConfig
 from trainer.errors import ConfigError
 from trainer.ops.flops import batch_seqlens, mfu, train_flops
 from trainer.ops.logprobs import response_logprobs
-from trainer.platform import peak_bf16_tflops
+from trainer.platform.env import peak_bf16_tflops
 
 Routed = tuple[torch.Tensor, dict[str, float], torch.Tensor]  # RouterRecorder.pop(): loss, stats, [L, E] counts
 
@@ -130,7 +130,7 @@ class Actor:
                                   "model.gradient_checkpointing: false or actor.compile: false)")
             compile_decoder_layers(model, backend=cfg.compile_backend)
             self.compile_backend = cfg.compile_backend
-        from trainer.models_moe import RouterRecorder, is_moe
+        from trainer.models.moe import RouterRecorder, is_moe
 
         # MoE: router logits of the update forwards -> load-balancing loss and actor/moe/* metrics
         self.router: RouterRecorder | None = RouterRecorder(model) if is_moe(model.config) else None
@@ -180,7 +180,7 @@ class Actor:
         """Full (unsharded) weights by name, for syncing to the rollout engine. Under `bf16_params` these
         are the bf16 module params the trainer's forward runs on (the engine gets the same weights). A frozen
         vision tower (`actor.freeze_vision_tower`) is left out."""
-        from trainer.models_vlm import VISION_PREFIX
+        from trainer.models.vlm import VISION_PREFIX
 
         for name, p in self.model.named_parameters():
             if self.cfg.freeze_vision_tower and name.startswith(VISION_PREFIX):
@@ -250,7 +250,7 @@ class Actor:
             batch.old_logprobs = torch.cat(old_from_forward)
         out = {k: sum(v) / len(v) for k, v in metrics.items()}
         if expert_counts is not None:
-            from trainer.models_moe import expert_load_metrics
+            from trainer.models.moe import expert_load_metrics
 
             flat = self.all_reduce_sum({str(i): float(c) for i, c in enumerate(expert_counts.flatten())})
             summed = torch.tensor(list(flat.values()), dtype=torch.float64).view_as(expert_counts)
@@ -267,7 +267,7 @@ class Actor:
         """Forward and backward of a mini-batch's micro-batches, one after the other (the gradients add up);
         `loss_fn(micro, logp, entropy, routed)` is `micro_batch_loss` with the mini-batch's counts. Backend
         hook: the Megatron backend under pipeline parallelism runs the same `loss_fn` on its last stage
-        inside megatron-core's schedule (`trainer/backends/megatron_pipeline.py`)."""
+        inside megatron-core's schedule (`trainer/backends/megatron/pipeline.py`)."""
         outs = []
         for micro in micros:
             micro = micro.to(self.device)
@@ -335,7 +335,7 @@ class Actor:
         aux = self.cfg.moe_aux_loss_coeff * weight * lb_loss if self.cfg.moe_aux_loss_coeff > 0 else None
         return aux, {k: v * weight for k, v in moe_stats.items()}, expert_counts
 
-    # ------------------------------------------------------------------ backend hooks (trainer/backends/megatron.py)
+    # ------------------------------------------------------------------ backend hooks (trainer/backends/megatron/backend.py)
     def begin_mini_batch(self, counts: dict[str, float]) -> None:
         """Called by `update` with a mini-batch's token counts (`global_counts`, summed over the data-parallel
         ranks) before its micro-batches. Nothing to do here; a backend that scales a per-micro-batch term by

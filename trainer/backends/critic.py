@@ -25,7 +25,7 @@ import torch
 from trainer.algorithms.aggregation import global_counts
 from trainer.algorithms.policy_loss import compute_value_loss
 from trainer.backends.actor import all_reduce_sum
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import CriticConfig
 
 

@@ -5,7 +5,7 @@
 
 `fsdp2` is the transformers model sharded with FSDP2 (`trainer/backends/actor.py`). `megatron` is
 megatron-core's GPTModel built from the HF config through the `mbridge` bridge
-(`trainer/backends/megatron.py`). A megatron run never falls back to FSDP2: without
+(`trainer/backends/megatron/backend.py`). A megatron run never falls back to FSDP2: without
 megatron-core or mbridge installed, for a model type the bridge cannot map, or in a loop the
 backend does not run in, the run stops at start. Megatron settings (`actor.megatron.*`) other than
 the defaults under `strategy: fsdp2` would be ignored, so they are an error too.
@@ -40,7 +40,7 @@ def hf_config(cfg: ModelConfig) -> Any | None:
     SmolLM2, a Llama, or a path that is not a model folder)."""
     from transformers import AutoConfig
 
-    from trainer.models import SHAPES, tiny_config
+    from trainer.models.loading import SHAPES, tiny_config
 
     path = cfg.path
     if path.startswith("tiny:"):
@@ -93,7 +93,7 @@ def check_strategy(cfg: TrainerConfig) -> None:
     if missing is not None:
         raise ConfigError(f"actor.strategy=megatron: the package '{missing}' is not installed (fix: {INSTALL_FIX}, "
                           f"or set actor.strategy=fsdp2)")
-    from trainer.models_vlm import model_is_vlm
+    from trainer.models.vlm import model_is_vlm
 
     if model_is_vlm(cfg.model.path):  # megatron's GPT is a text model: no vision tower to train or export
         raise ConfigError(f"actor.strategy=megatron: model.path={cfg.model.path} is a vision-language model, and the "
@@ -104,6 +104,6 @@ def check_strategy(cfg: TrainerConfig) -> None:
         raise ConfigError(f"actor.strategy=megatron: model.path={cfg.model.path} is a '{mtype}' model, which the "
                           f"mbridge bridge cannot map (fix: use one of {', '.join(supported)}, or set "
                           f"actor.strategy=fsdp2)")
-    from trainer.backends.megatron import check_megatron_supported
+    from trainer.backends.megatron.backend import check_megatron_supported
 
     check_megatron_supported(cfg, num_experts(cfg.model))

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from trainer.errors import ConfigError
-from trainer.platform import collect_env, peak_bf16_tflops
+from trainer.platform.env import collect_env, peak_bf16_tflops
 
 SECTIONS = ("ceilings", "rollout", "train", "sync", "grpo")
 

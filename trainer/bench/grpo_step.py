@@ -25,8 +25,8 @@ import torch
 from trainer.algorithms.advantages import compute_advantages
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
 from trainer.backends.actor import Actor
-from trainer.batch import batch_from_rollout
 from trainer.bench.perf import random_prompts, shape_model, sync
+from trainer.components.batch import batch_from_rollout
 from trainer.config import ActorConfig
 from trainer.rollout.base import SamplingParams
 

@@ -54,7 +54,7 @@ FP32_WEIGHT_ROUNDING = 4 * 2.0**-24  # two steps, each rounding the fp32 weight 
 
 def _tiny_moe():
     from trainer.config import ModelConfig
-    from trainer.models import load_model_and_tokenizer
+    from trainer.models.loading import load_model_and_tokenizer
 
     m, _ = load_model_and_tokenizer(ModelConfig(path="tiny:qwen3_moe"), seed=0)
     with torch.no_grad():
@@ -121,7 +121,7 @@ def reference(path: str, optimizer: str = "adam", dtype: torch.dtype = torch.flo
     mini-batch (after the reduction, before the step) and the weights by HF and by megatron name. fp32, or
     `dtype` bfloat16: bf16 params with fp32 masters (`_fp32_masters`), the GPU bf16 run's arithmetic on the CPU;
     then `base` (the fp32 reference of the same rule) gives the old log-probs, so both see the same batch."""
-    from trainer.backends.megatron import MegatronActor
+    from trainer.backends.megatron.backend import MegatronActor
 
     hf = _tiny_moe()
     init = {k: v.detach().clone() for k, v in hf.state_dict().items()}
@@ -228,8 +228,8 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
     the CPU's (the first mini-batch's at the same weights decides; the second's follow weights that already
     differ by the bf16 rounding). `lr_scale` != 1 breaks the GPU run on purpose (a step too large by that
     factor), to show the check fails it."""
-    from trainer.backends.megatron import MegatronActor
-    from trainer.backends.megatron_gpu import use_megatron_optimizer
+    from trainer.backends.megatron.backend import MegatronActor
+    from trainer.backends.megatron.gpu import use_megatron_optimizer
 
     ref = torch.load(path, weights_only=False)
     optimizer = ref.get("optimizer", "adam")
@@ -380,8 +380,8 @@ def bench_megatron(c, batch: int, seq: int, warmup: int, steps: int, *, grouped_
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
-    from trainer.backends.megatron import build_bridge, build_gpt_model, init_parallel
-    from trainer.backends.megatron_gpu import _Steps, use_fused_adam
+    from trainer.backends.megatron.backend import build_bridge, build_gpt_model, init_parallel
+    from trainer.backends.megatron.gpu import _Steps, use_fused_adam
 
     init_parallel(1, 1, seed=0)
     # moe_grouped_gemm=True without TransformerEngine still builds SequentialMLP (recorded as experts_module)
@@ -422,7 +422,7 @@ def bench_megatron(c, batch: int, seq: int, warmup: int, steps: int, *, grouped_
 def rl_batch(c, rows: int, seq: int, prompt: int):
     """`rows` sequences of `seq` real tokens, the first `prompt` of each its prompt and the rest its response,
     every row its own prompt (so neither backend can share a prompt forward), random advantages."""
-    from trainer.batch import Batch
+    from trainer.components.batch import Batch
 
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, c.vocab_size, (rows, seq), generator=g)
@@ -458,8 +458,13 @@ def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: st
     else:
         from megatron.core import parallel_state as ps
 
-        from trainer.backends.megatron import MegatronActor, build_bridge, build_gpt_model, init_parallel
-        from trainer.backends.megatron_gpu import use_megatron_optimizer
+        from trainer.backends.megatron.backend import (
+            MegatronActor,
+            build_bridge,
+            build_gpt_model,
+            init_parallel,
+        )
+        from trainer.backends.megatron.gpu import use_megatron_optimizer
 
         init_parallel(1, 1, seed=0)
         bridge = build_bridge(c, dtype=torch.bfloat16, use_cpu_initialization=dev.type == "cpu")

@@ -11,7 +11,7 @@ each `--topk` and each `--impls` entry of transformers' `experts_implementation`
 rollout of the cpu profiles). Both wall seconds and process CPU seconds are printed, because on a
 shared machine the wall time measures the neighbours too; the load average is printed with them.
 `max|dlogp|` is the largest difference of the log-probs of the micro-batch's tokens from the dense
-model's (step 0: upcycling keeps the function, trainer/models_moe.py).
+model's (step 0: upcycling keeps the function, trainer/models/moe.py).
 
 `batched_mm` gathers one expert weight matrix per (token, expert) pair, `T k x 2I x H` floats
 (8 x 110 tokens, top-2, SmolLM2: ~12 GB), so it is skipped unless named in `--impls`.
@@ -26,7 +26,7 @@ import time
 import torch
 
 from trainer.config import ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 
 MODEL = "embedded:smollm2-135m-instruct"
 

@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from trainer.backends.actor import Actor
-from trainer.batch import batch_from_rollout
+from trainer.components.batch import batch_from_rollout
 from trainer.config import ActorConfig, ModelConfig
-from trainer.models import load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
 from trainer.ops.flops import matmul_params, mfu, train_flops
 from trainer.rollout.base import Rollout, SamplingParams
 

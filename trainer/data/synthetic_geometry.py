@@ -22,7 +22,7 @@ extra_info with the figure's parameters. The answer can only be read from the im
 every question of a level is the same.
 
 ``count`` (``synthetic:geometry-count``) is the easiest level, made for a model that learns to
-see from scratch (the cpu-vlm profile's warm start, `trainer/warm_start_vlm.py`): the answer is
+see from scratch (the cpu-vlm profile's warm start, `trainer/models/warm_start_vlm.py`): the answer is
 the figure's amount of black, which the tiny vision tower's 9 merged tokens carry even when it
 cannot locate a segment's ends. Its 4 classes are balanced (121 figures each: every place of
 one square, and 121 seeded sets of 2, 3, 4 places), so always giving one answer scores about 0.25.

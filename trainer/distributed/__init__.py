@@ -2,7 +2,6 @@
 
 - `cluster.py`        start/join a Ray cluster, placement groups, dead-worker errors
 - `sharding.py`       split a global batch over N data-parallel trainer workers
-- `weight_sync.py`    bucketed broadcast of the trainer's weights to rollout workers
 - `trainer_worker.py` `TrainerWorker` actor: FSDP2 policy rank, optional colocated engine
 - `trainer_group.py`  driver-side handle on N trainer workers; advantages, step metrics, checkpoints
 - `actor_state.py`    the policy's full training state saved from / loaded into N FSDP2 workers

@@ -14,14 +14,14 @@ single-process loop in `trainer/modes/colocated.py` stays the default for one CP
     workers: in-process weight sync, FSDP all-gather -> engine      -> timing_s/update_weights
     validation every test_freq (prompts split over the workers)
     checkpoint every save_freq (written)                            -> timing_s/save_checkpoint
-    metrics line, then the checkpoint committed (trainer/checkpoint.py: a kill loses no line)
+    metrics line, then the checkpoint committed (trainer/components/checkpoint.py: a kill loses no line)
     end: each worker's engine facts (graph capture, errors) -> engine.json beside metrics.jsonl
 
 DAPO dynamic sampling (`algorithm.dynamic_sampling`) repeats the generate call and filters groups
-with `trainer.steps.collect_scored_batch`, the single-process loop's logic; the kept groups are
+with `trainer.modes.steps.collect_scored_batch`, the single-process loop's logic; the kept groups are
 rounded down to whole `actor.ppo_mini_batch_size`s so they shard evenly over the workers.
 
-Checkpoints have the single-process layout (`<out_dir>/checkpoints/step_N/`, `trainer/checkpoint.py`):
+Checkpoints have the single-process layout (`<out_dir>/checkpoints/step_N/`, `trainer/components/checkpoint.py`):
 the driver's `state.pt` (step, the sampler's position, the driver's and every worker's random states,
 including each engine's sampling generator) and trainer rank 0's `actor.pt` (full weights, AdamW and
 LR schedule, `trainer/distributed/actor_state.py`) and, with the critic, its `critic.pt` (full
@@ -46,10 +46,10 @@ from pathlib import Path
 from typing import Any
 
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
-from trainer.batch import Batch, concat_batches
+from trainer.components.batch import Batch, concat_batches
+from trainer.components.metrics import MetricsWriter
+from trainer.components.progress import Progress
 from trainer.config import TrainerConfig
-from trainer.metrics import MetricsWriter
-from trainer.progress import Progress
 
 
 def uses_ray(cfg: TrainerConfig) -> bool:
@@ -89,7 +89,8 @@ def validate_on(group: Any, val_data: Any, cfg: TrainerConfig, pad_token_id: int
 
 def train_colocated_ray(cfg: TrainerConfig) -> Path:
     from trainer.agent.prompts import agent_rows
-    from trainer.checkpoint import finish_step
+    from trainer.components.checkpoint import finish_step
+    from trainer.components.faults import fault_point
     from trainer.data.dataset import PromptDataset
     from trainer.distributed.cluster import WorkerDiedError, get, init_ray, uses_gpu, write_failure
     from trainer.distributed.trainer_group import (
@@ -100,9 +101,8 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
         step_metrics,
     )
     from trainer.distributed.trainer_worker import check_supported
-    from trainer.faults import fault_point
-    from trainer.models import load_tokenizer
-    from trainer.steps import collect_scored_batch, load_split, turn_metrics
+    from trainer.models.loading import load_tokenizer
+    from trainer.modes.steps import collect_scored_batch, load_split, turn_metrics
 
     check_supported(cfg)
     world = cfg.trainer.n_gpus_per_node * cfg.trainer.nnodes
@@ -111,7 +111,7 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
     train_rows, val_rows = agent_rows(cfg.agent, *load_split(cfg.data))  # tool-use prompts when agent.enable
     tokenizer = load_tokenizer(cfg.model)
     pad = int(tokenizer.pad_token_id)
-    from trainer.models_vlm import load_vision_processor
+    from trainer.models.vlm import load_vision_processor
 
     processor = load_vision_processor(cfg.model.path, tokenizer)  # images ride in the items to the workers' engines
     train = PromptDataset(train_rows, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
@@ -178,7 +178,7 @@ def train_colocated_ray(cfg: TrainerConfig) -> Path:
                 metrics.update(v)
                 metrics["timing_s/testing"] = time.perf_counter() - t0
                 progress.update_val(v)
-            pending = None  # committed after the step's metrics line (trainer/checkpoint.py)
+            pending = None  # committed after the step's metrics line (trainer/components/checkpoint.py)
             if cfg.trainer.save_freq > 0 and (step % cfg.trainer.save_freq == 0 or step == cfg.trainer.total_steps):
                 t0 = time.perf_counter()
                 pending = save_group_checkpoint(group, out_dir, step, {"data": train.state_dict()},

@@ -34,7 +34,7 @@ again (the sampler is past them). verl's fully-async rollouter does the same (it
 `save_checkpoint` keeps only the dataloader state and says in-flight samples are lost).
 
 Weights arrive over the bucketed broadcast group (`init_sync_group` / `receive_weights`,
-trainer/distributed/weight_sync.py) in the order and dtypes of `weight_plan()`: the engine's
+trainer/rollout/weight_sync.py) in the order and dtypes of `weight_plan()`: the engine's
 parameters for the built-in engines, the HF checkpoint names for vLLM (whose worker fuses them).
 
 Several replicas (`async.rollout_gpus = M`): M of these workers, replica `i` of `M`, each with
@@ -49,10 +49,10 @@ all hold the same weights.
 
 Images (a vision-language `model.path`): the prompt rows carry their pixel values and image
 grid (`multi_modal_inputs`) and decoded images; `image_inputs` hands them to `generate` as
-`trainer.steps.generate` does, and each scored group's batch carries `multi_modal_inputs` in its
+`trainer.modes.steps.generate` does, and each scored group's batch carries `multi_modal_inputs` in its
 meta to the trainer worker's log-prob forward. With `actor.freeze_vision_tower` the weight plan
 leaves the tower out, as the trainer's `named_weights` does. No partial rollout with images
-(`trainer.models_vlm.check_multimodal_support`).
+(`trainer.models.vlm.check_multimodal_support`).
 
 Departures: `groups_per_call` prompts per generate call (verl streams single prompts to a server).
 """
@@ -67,7 +67,7 @@ from typing import Any
 
 import torch
 
-from trainer.batch import Batch, batch_from_rollout, concat_batches
+from trainer.components.batch import Batch, batch_from_rollout, concat_batches
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError, RLBenchError
 from trainer.rollout.base import Rollout
@@ -95,9 +95,9 @@ class RolloutWorker:
     def __init__(self, cfg_dict: dict[str, Any], *, max_required_groups: int, groups_per_call: int,
                  replica: int = 0, num_replicas: int = 1):
         from trainer.data.dataset import PromptDataset
-        from trainer.models import eos_token_ids, load_model_and_tokenizer
+        from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+        from trainer.modes.steps import load_split
         from trainer.rollout.registry import build_engine
-        from trainer.steps import load_split
 
         self.cfg = cfg = TrainerConfig.model_validate(cfg_dict)
         if cfg.trainer.num_threads:
@@ -127,7 +127,7 @@ class RolloutWorker:
             raise ConfigError(f"async.partial_rollout: rollout.engine={cfg.rollout.engine} cannot interrupt and continue "
                               f"a generation (fix: set async.partial_rollout=false, or rollout.engine=hf, static, vllm "
                               f"or sglang)")
-        from trainer.models_vlm import load_vision_processor
+        from trainer.models.vlm import load_vision_processor
 
         processor = load_vision_processor(cfg.model.path, self.tokenizer)  # None for a text-only model
         self.train_data = PromptDataset(train_rows, self.tokenizer, max_prompt_length=cfg.data.max_prompt_length,
@@ -168,18 +168,18 @@ class RolloutWorker:
         return int(self.tokenizer.pad_token_id)
 
     def weight_plan(self) -> list:
-        from trainer.distributed.weight_sync import engine_weight_plan
+        from trainer.rollout.weight_sync import engine_weight_plan
 
         plan = getattr(self.engine, "weight_plan", None)
         plan = plan() if callable(plan) else engine_weight_plan(self.engine.model)
         if self.cfg.actor.freeze_vision_tower:  # the trainer sends no frozen tower (`Actor.named_weights`)
-            from trainer.models_vlm import VISION_PREFIX
+            from trainer.models.vlm import VISION_PREFIX
 
             plan = [s for s in plan if not s.name.startswith(VISION_PREFIX)]
         return plan
 
     def init_sync_group(self, master_addr: str, master_port: int, world_size: int, rank: int) -> None:
-        from trainer.distributed.weight_sync import SyncGroup
+        from trainer.rollout.weight_sync import SyncGroup
 
         self.sync_group = SyncGroup(rank, world_size, master_addr, master_port, device=self.device)
 
@@ -215,7 +215,7 @@ class RolloutWorker:
         return engine_facts(self.engine)
 
     def receive_weights(self, plan: list, bucket_mb: float) -> float:
-        from trainer.distributed.weight_sync import receive
+        from trainer.rollout.weight_sync import receive
 
         t0 = time.perf_counter()
         self.engine.update_weights(receive(self.sync_group, plan, bucket_mb=bucket_mb))
@@ -226,7 +226,7 @@ class RolloutWorker:
     def weight_fingerprint(self) -> str:
         """A digest of the weights this replica's engine holds (call while parked, after a sync);
         equal digests on every replica mean every replica got the same weights."""
-        from trainer.distributed.weight_sync import weight_fingerprint
+        from trainer.rollout.weight_sync import weight_fingerprint
 
         return weight_fingerprint(self.base_engine)
 
@@ -298,7 +298,7 @@ class RolloutWorker:
 
     def validate(self) -> dict[str, float]:
         """Validation with the current weights (call between begin_sync and end_sync)."""
-        from trainer.steps import Components, validate
+        from trainer.modes.steps import Components, validate
 
         c = Components(self.cfg, self.tokenizer, None, self.engine, None, None, None, self.val_data, self.device,
                        self.eos_ids)
@@ -320,7 +320,7 @@ class RolloutWorker:
         return full or self.window_started + self.groups_per_call > self.max_required
 
     def _loop(self) -> None:
-        from trainer.steps import sampling_params
+        from trainer.modes.steps import sampling_params
 
         params = sampling_params(self.cfg, self.eos_ids)
         try:
@@ -393,7 +393,7 @@ class RolloutWorker:
             self.cond.notify_all()
 
     def _score(self, g: _Group) -> Batch:
-        from trainer.steps import score
+        from trainer.modes.steps import score
 
         n = len(g.ids)
         rollout = Rollout(prompt_ids=[g.item["prompt_ids"]] * n, response_ids=g.ids, response_logprobs=g.logps,
@@ -404,7 +404,7 @@ class RolloutWorker:
         batch.meta = {k: [g.item[k]] * n for k in ("data_source", "ground_truth", "extra_info")}
         if "multi_modal_inputs" in g.item:  # the trainer's forward reads the prompt's images there
             batch.meta["multi_modal_inputs"] = [g.item["multi_modal_inputs"]] * n
-        if g.turns:  # as trainer.steps.generate does: turn counts in meta, num_turns for the ReTool reward
+        if g.turns:  # as trainer.modes.steps.generate does: turn counts in meta, num_turns for the ReTool reward
             from trainer.agent.trajectory import TURN_KEYS
 
             for key in TURN_KEYS:
@@ -419,7 +419,7 @@ class RolloutWorker:
 
 def image_inputs(engine: Any, items: list[dict[str, Any]]) -> dict[str, Any]:
     """The image keyword arguments of `engine.generate` for prompt `items` ({} when none has images), as
-    `trainer.steps.generate` passes them: `multi_modal_inputs`, and the decoded `images` for vLLM."""
+    `trainer.modes.steps.generate` passes them: `multi_modal_inputs`, and the decoded `images` for vLLM."""
     if not any("multi_modal_inputs" in it for it in items):
         return {}
     kw: dict[str, Any] = {"multi_modal_inputs": [it.get("multi_modal_inputs") for it in items]}

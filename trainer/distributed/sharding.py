@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ActorConfig
 from trainer.errors import ConfigError
 

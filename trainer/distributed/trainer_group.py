@@ -18,19 +18,19 @@ from typing import Any
 import torch
 
 from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
-from trainer.batch import Batch
-from trainer.checkpoint import (
+from trainer.components.batch import Batch
+from trainer.components.checkpoint import (
     PendingCheckpoint,
     announce_resume,
     load_checkpoint,
     prepare_checkpoint,
     resume_or_start,
 )
+from trainer.components.metrics import MetricsWriter
 from trainer.config import TrainerConfig
 from trainer.distributed.cluster import bundle_options, get, placement_group_for
 from trainer.distributed.sharding import check_divisible, shard_batch, unshard_rows
 from trainer.errors import ConfigError
-from trainer.metrics import MetricsWriter
 
 
 def add_advantages(batch: Batch, cfg: TrainerConfig) -> Batch:
@@ -126,7 +126,7 @@ class TrainerGroup:
 
 def step_metrics(batch: Batch, cfg: TrainerConfig, *, step: int, step_s: float, num_devices: int) -> dict[str, float]:
     """Data statistics, accuracy and throughput of one step (verl names)."""
-    from trainer.metrics import data_metrics
+    from trainer.components.metrics import data_metrics
 
     out = dict(data_metrics(batch, max_response_length=cfg.data.max_response_length))
     if "acc" in batch.meta:
@@ -140,7 +140,7 @@ def step_metrics(batch: Batch, cfg: TrainerConfig, *, step: int, step_s: float, 
 def save_group_checkpoint(group: TrainerGroup, out_dir: Path, step: int, state: dict[str, Any], *, keep: int,
                           context: str) -> PendingCheckpoint:
     """Checkpoint `step`: the driver's `state` plus every worker's (`TrainerWorker.save_state`), written but
-    not committed (`trainer.checkpoint.finish_step` commits it after the step's metrics line)."""
+    not committed (`trainer.components.checkpoint.finish_step` commits it after the step's metrics line)."""
 
     def write_files(folder: Path) -> dict[str, Any]:
         return {"world_size": group.world,

@@ -25,7 +25,7 @@ critic's) full state, rank 0 writes it (`trainer/distributed/actor_state.py`); e
 own random states (torch, and the colocated engine's sampling generator) for the driver's `state.pt`.
 
 In the fully-async mode rank 0 also joins a weight-sync group with the rollout workers and
-broadcasts the weights in buckets (`send_weights`; `trainer/distributed/weight_sync.py`).
+broadcasts the weights in buckets (`send_weights`; `trainer/rollout/weight_sync.py`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import TrainerConfig
 from trainer.distributed.critic_state import (
     CRITIC_FILE,
@@ -95,7 +95,7 @@ class TrainerWorker:
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the data-parallel group, load and shard the model, build the engine. Returns facts."""
         from trainer.backends.fsdp import default_backend, init_data_parallel, shard_model
-        from trainer.models import eos_token_ids, load_model_and_tokenizer
+        from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
         from trainer.rollout.registry import build_engine
 
         cfg = self.cfg
@@ -106,8 +106,8 @@ class TrainerWorker:
         torch.manual_seed(cfg.trainer.seed)
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
         self.eos_ids = eos_token_ids(self.tokenizer, model)
-        if cfg.actor.freeze_vision_tower:  # before the engine's copy and the optimizer, as in trainer.steps
-            from trainer.models_vlm import freeze_vision_tower
+        if cfg.actor.freeze_vision_tower:  # before the engine's copy and the optimizer, as in trainer.modes.steps
+            from trainer.models.vlm import freeze_vision_tower
 
             freeze_vision_tower(model)
         if cfg.model.gradient_checkpointing:
@@ -136,7 +136,7 @@ class TrainerWorker:
     # ------------------------------------------------------------------ colocated rollout
     def generate(self, items: list[dict[str, Any]], validation: bool = False) -> Batch:
         """Sample (and score) this worker's share of the prompts with its colocated engine."""
-        from trainer.steps import generate, sampling_params, score
+        from trainer.modes.steps import generate, sampling_params, score
 
         params = sampling_params(self.cfg, self.eos_ids, validation=validation)
         batch = generate(self.engine, items, params, pad_token_id=self.tokenizer.pad_token_id,
@@ -207,7 +207,7 @@ class TrainerWorker:
     # ------------------------------------------------------------------ checkpoint
     def save_state(self, folder: str) -> dict[str, Any]:
         """Write the policy's state into `folder` (rank 0); return this rank's random states."""
-        from trainer.checkpoint import rng_state
+        from trainer.components.checkpoint import rng_state
         from trainer.distributed.actor_state import ACTOR_FILE, save_actor_state
 
         save_actor_state(self.actor, Path(folder) / ACTOR_FILE, self.rank)
@@ -218,7 +218,7 @@ class TrainerWorker:
 
     def load_state(self, folder: str, worker_state: dict[str, Any], version: int) -> None:
         """Restore the policy and this rank's random states; the colocated engine gets the weights."""
-        from trainer.checkpoint import set_rng_state
+        from trainer.components.checkpoint import set_rng_state
         from trainer.distributed.actor_state import ACTOR_FILE, load_actor_state
 
         load_actor_state(self.actor, Path(folder) / ACTOR_FILE, self.rank)
@@ -233,13 +233,13 @@ class TrainerWorker:
 
     # ------------------------------------------------------------------ weight sync to rollout workers
     def init_sync_group(self, master_addr: str, master_port: int, world_size: int) -> None:
-        from trainer.distributed.weight_sync import SyncGroup
+        from trainer.rollout.weight_sync import SyncGroup
 
         if self.rank == 0:
             self.sync_group = SyncGroup(0, world_size, master_addr, master_port, device=self.device)
 
     def send_weights(self, plan: list, bucket_mb: float) -> dict[str, float]:
-        from trainer.distributed.weight_sync import send
+        from trainer.rollout.weight_sync import send
 
         t0 = time.perf_counter()
         sent = send(self.sync_group, plan, self.actor.named_weights(), bucket_mb=bucket_mb)

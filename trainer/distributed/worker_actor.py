@@ -5,7 +5,7 @@
     actor.data_parallel()                            # (this rank's piece, dp)
 
 `fsdp2`: the transformers model sharded with FSDP2 over all N workers (`trainer/backends/fsdp.py`),
-data parallel over all of them. `megatron`: a `MegatronActor` (`trainer/backends/megatron.py`)
+data parallel over all of them. `megatron`: a `MegatronActor` (`trainer/backends/megatron/backend.py`)
 whose parallel groups megatron-core carves out of the workers' default process group (gloo on CPU,
 NCCL on GPU): tensor parallel `actor.megatron.tensor_model_parallel_size`, expert parallel
 `expert_model_parallel_size` (taken out of the data-parallel ranks, as megatron-core does), data
@@ -47,7 +47,7 @@ def build_worker_actor(model: torch.nn.Module, cfg: TrainerConfig, world_size: i
     actor_cfg = worker_actor_config(cfg.actor, data_parallel_size(cfg, world_size))
     kw = {"temperature": cfg.rollout.temperature, "max_response_length": cfg.data.max_response_length, "device": device}
     if cfg.actor.strategy == "megatron":
-        from trainer.backends.megatron import MegatronActor
+        from trainer.backends.megatron.backend import MegatronActor
 
         return MegatronActor.from_hf(model, actor_cfg, seed=cfg.trainer.seed, **kw)
     if world_size > 1:

@@ -20,18 +20,18 @@ from pathlib import Path
 
 from trainer.algorithms.advantages import compute_advantages, scores_to_token_rewards
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
-from trainer.checkpoint import (
+from trainer.components.checkpoint import (
     announce_resume,
     finish_step,
     load_checkpoint,
     prepare_checkpoint,
     resume_or_start,
 )
-from trainer.faults import fault_point
-from trainer.metrics import MetricsWriter, Timer, data_metrics
-from trainer.progress import Progress
+from trainer.components.faults import fault_point
+from trainer.components.metrics import MetricsWriter, Timer, data_metrics
+from trainer.components.progress import Progress
+from trainer.modes.steps import Components, generate_scored_batch, validate
 from trainer.rollout.base import weight_sync_metrics
-from trainer.steps import Components, generate_scored_batch, validate
 
 
 def _state(c: Components) -> dict:
@@ -134,7 +134,7 @@ def train_colocated(c: Components) -> Path:
                     val = validate(c, step=step)
                 metrics.update(val)
                 progress.update_val(val)
-            pending = None  # committed after the step's metrics line (trainer/checkpoint.py)
+            pending = None  # committed after the step's metrics line (trainer/components/checkpoint.py)
             if cfg.trainer.save_freq > 0 and (step % cfg.trainer.save_freq == 0 or step == cfg.trainer.total_steps):
                 with timer("save_checkpoint"):
                     pending = prepare_checkpoint(out_dir, step, _state(c), keep=cfg.trainer.max_checkpoints)

@@ -70,12 +70,12 @@ import time
 from pathlib import Path
 
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
-from trainer.checkpoint import checkpoint_root, finish_step
+from trainer.components.checkpoint import checkpoint_root, finish_step
+from trainer.components.faults import fault_point
+from trainer.components.metrics import MetricsWriter
+from trainer.components.progress import Progress
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError, RLBenchError
-from trainer.faults import fault_point
-from trainer.metrics import MetricsWriter
-from trainer.progress import Progress
 
 
 def _groups_needed(cfg: TrainerConfig) -> tuple[int, int]:
@@ -168,7 +168,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         step_metrics,
     )
     from trainer.distributed.trainer_worker import check_supported
-    from trainer.steps import turn_metrics
+    from trainer.modes.steps import turn_metrics
 
     check_supported(cfg)
     a = cfg.async_
@@ -294,7 +294,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                 "fully_async/partial/invalid_token_versions": float(token_version_errors(groups)),
             })
             fault_point("update", step)
-            pending = None  # a checkpoint is committed after the step's metrics line (trainer/checkpoint.py)
+            pending = None  # a checkpoint is committed after the step's metrics line (trainer/components/checkpoint.py)
             # 4. weight sync every trigger_parameter_sync_step updates (and after the last one)
             if step % a.trigger_parameter_sync_step == 0 or step == cfg.trainer.total_steps:
                 version += 1

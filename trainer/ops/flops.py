@@ -10,7 +10,7 @@ router of each MoE layer); the input embedding is a lookup and does not count, b
 does (it is a matmul). The second term is attention's QK^T and AV products (forward 2 x 2 x s^2 x d
 per head and layer, x3 for forward+backward), counted for the full square like verl does, not the
 causal half. MFU = flops / (seconds * peak), the peak being the device's dense bf16 figure
-(`trainer.platform.peak_bf16_tflops`) or a measured one.
+(`trainer.platform.env.peak_bf16_tflops`) or a measured one.
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ shared-prompt KV path is off (a KV cache's per-layer `update` makes every decode
 
 Images: a batch whose ``meta["multi_modal_inputs"]`` holds each row's ``pixel_values`` /
 ``image_grid_thw`` (a vision-language policy) runs one full-sequence forward through
-`trainer.models_vlm.multimodal_hidden_states` (image features in the prompt's image-token slots,
+`trainer.models.vlm.multimodal_hidden_states` (image features in the prompt's image-token slots,
 M-RoPE positions instead of the batch's 1-D `position_ids`), the forward the hf engine prefills
 with; the LM head and log-prob math below are unchanged.
 """
@@ -55,7 +55,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.rollout.decode_cache import has_recurrent_layers
 
 ROW_MULTIPLE = 256  # compiled mode: the last LM-head chunk is padded to a multiple of this many rows
@@ -296,7 +296,7 @@ def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompt
     decoder input is right-padded (attention 0) to a multiple of it, so compiled layers see few shapes."""
     mm = batch.meta.get("multi_modal_inputs")
     if mm is not None and any(m is not None for m in mm):
-        from trainer.models_vlm import multimodal_hidden_states
+        from trainer.models.vlm import multimodal_hidden_states
 
         p, r = batch.prompt_len, batch.responses.shape[1]
         hidden, _ = multimodal_hidden_states(model, batch.input_ids, batch.attention_mask, mm, image_cols=p)

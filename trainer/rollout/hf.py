@@ -15,7 +15,7 @@ The engine owns its copy of the weights (possibly in another dtype than the trai
 `continue_generation` (partial rollout) come from `InterruptibleEngine` (trainer/rollout/base.py).
 
 Images: `generate(prompts, params, multi_modal_inputs=[...])` takes one ``{"pixel_values",
-"image_grid_thw"}`` dict (or None) per prompt for a vision-language policy (`trainer/models_vlm.py`).
+"image_grid_thw"}`` dict (or None) per prompt for a vision-language policy (`trainer/models/vlm.py`).
 The prefill runs `multimodal_hidden_states` (image features in the prompt's image-token slots,
 M-RoPE positions), the forward the trainer recomputes log-probs with; decode steps feed the
 sampled tokens at the next text position of each row. `continue_generation` does not take images.
@@ -29,7 +29,13 @@ from collections.abc import Callable, Iterable
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams, copy_weights_in_place, engine_model
+from trainer.rollout.base import (
+    InterruptibleEngine,
+    Rollout,
+    SamplingParams,
+    copy_weights_in_place,
+    engine_model,
+)
 from trainer.rollout.decode_cache import decode_cache
 
 # transformers 5.x renames `past_key_values` to `cache`; the old name works across 4.56-5.x.
@@ -86,7 +92,7 @@ class HFRolloutEngine(InterruptibleEngine):
         """`InterruptibleEngine.generate`, plus each prompt's images for a vision-language policy."""
         if multi_modal_inputs is None:
             return super().generate(prompts, params, should_stop=should_stop)
-        from trainer.models_vlm import is_vlm
+        from trainer.models.vlm import is_vlm
 
         if not is_vlm(self.model):
             raise ValueError("hf engine: prompts carry images but the policy is a text-only model")
@@ -105,7 +111,7 @@ class HFRolloutEngine(InterruptibleEngine):
             logits = self.model(input_ids=input_ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
                                 use_cache=True).logits[:, -1]
             return logits, pos[:, -1:] + 1
-        from trainer.models_vlm import multimodal_hidden_states
+        from trainer.models.vlm import multimodal_hidden_states
 
         hidden, mrope = multimodal_hidden_states(self.model, input_ids, attn, multi_modal_inputs,
                                                  image_cols=input_ids.shape[1], cache=cache)  # [B, P, H], [3, B, P]

@@ -35,7 +35,7 @@ How it is driven:
   SGLang serializes them once per TP rank (CUDA IPC handles) and its loader maps HF names (fused
   q/k/v, gate/up) itself. A `(False, message)` result raises. The fully-async rollout
   worker receives the trainer's weights over the project's broadcast group first
-  (trainer/distributed/weight_sync.py) and then calls this same method;
+  (trainer/rollout/weight_sync.py) and then calls this same method;
   `update_weights_from_distributed` (SGLang joining the trainer's NCCL group) is not used.
 - Images (a vision-language policy; not run, like the rest of this adapter): `generate(prompts,
   params, multi_modal_inputs=[...])` sends the trainer's expanded prompt ids with SGLang's
@@ -67,7 +67,7 @@ from typing import Any
 import torch
 
 from trainer.errors import ConfigError
-from trainer.models import resolve_dtype
+from trainer.models.loading import resolve_dtype
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
 from trainer.rollout.vllm_engine import (
     engine_weights,
@@ -346,7 +346,7 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
     from trainer.rollout.vllm_engine import check_tensor_parallel
 
     check_tensor_parallel(cfg.rollout.tensor_parallel_size, device)
-    from trainer.models_vlm import is_vlm, load_vision_processor
+    from trainer.models.vlm import is_vlm, load_vision_processor
 
     vision = load_vision_processor(cfg.model.path, tokenizer, model) if is_vlm(model) else None
     model_dir = model_dir_for_engine(cfg.model.path, cfg.model.load_format, model, tokenizer,

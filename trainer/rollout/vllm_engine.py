@@ -43,7 +43,7 @@ The calls it makes:
   offloads the weights and drops the KV cache. On CPU vLLM's worker frees nothing (it logs "sleep
   mode is not supported on CPU"): the scheduler pauses and the prefix cache is reset, no more.
 
-Images (a vision-language policy, `trainer/models_vlm.py`): `generate(prompts, params,
+Images (a vision-language policy, `trainer/models/vlm.py`): `generate(prompts, params,
 multi_modal_inputs=..., images=[[PIL image, ...] per prompt])`. Each request is
 `TokensPrompt(**vllm_prompt(prompt_ids, images, image_token_id))`
 (`trainer/rollout/multimodal_prompts.py`): one `<|image_pad|>` per image and the images in
@@ -82,7 +82,7 @@ from typing import Any
 import torch
 
 from trainer.errors import ConfigError, RLBenchError
-from trainer.models import resolve_dtype
+from trainer.models.loading import resolve_dtype
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
 
 SUPPORTED_SERIES = "0.32"  # the vLLM release series this adapter is written against (pyproject extras)
@@ -268,7 +268,7 @@ class VLLMRolloutEngine(InterruptibleEngine):
         self.llm = llm
         self.layout = layout  # in-memory HF names -> the checkpoint layout vLLM loads (None: sent as they come)
         self.image_token_id = image_token_id  # a vision-language model's <|image_pad|> id; None: text-only
-        self.takes_images = image_token_id is not None  # `trainer.steps.generate` then passes the decoded images
+        self.takes_images = image_token_id is not None  # `trainer.modes.steps.generate` then passes the decoded images
         self.eos_token_ids = list(eos_token_ids)
         self.weight_specs = list(weight_specs)
         self.dtype = dtype
@@ -371,7 +371,7 @@ class VLLMRolloutEngine(InterruptibleEngine):
     # ------------------------------------------------------------------ weights
     def weight_plan(self) -> list[Any]:
         """The weights a sender must send, in order: HF names, shapes, the engine's dtype."""
-        from trainer.distributed.weight_sync import WeightSpec
+        from trainer.rollout.weight_sync import WeightSpec
 
         return [WeightSpec(n, s, d) for n, s, d in self.weight_specs]
 
@@ -462,7 +462,7 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
                               f"to at most 2, or use rollout.engine=hf)")
     dtype = resolve_dtype(cfg.model.dtype)
     specs = [(hf_weight_name(n), tuple(p.shape), dtype or p.dtype) for n, p in model.named_parameters()]
-    from trainer.models_vlm import is_vlm, load_vision_processor
+    from trainer.models.vlm import is_vlm, load_vision_processor
     from trainer.rollout.checkpoint_layout import CheckpointLayout
 
     layout = CheckpointLayout(model)

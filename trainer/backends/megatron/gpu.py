@@ -169,7 +169,7 @@ def megatron_step(actor: Any) -> torch.Tensor:
     """Finish the grad sync and run megatron's optimizer step; the gradient norm before clipping."""
     from megatron.core import parallel_state as ps
 
-    from trainer.backends.megatron_norm import tp_partial_grad_params
+    from trainer.backends.megatron.norm import tp_partial_grad_params
 
     actor.ddp.finish_grad_sync()
     if ps.get_tensor_model_parallel_world_size() > 1:  # q/k norms, sequence-parallel norms and routers (as the CPU path)

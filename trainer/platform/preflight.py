@@ -1,6 +1,6 @@
 """Start-time checks of what a typed config cannot check on its own: paths, devices, the model's limits.
 
-    from trainer.preflight import preflight
+    from trainer.platform.preflight import preflight
     preflight(cfg)   # raises ConfigError (one line naming the field and the fix), before any model load
 
 `trainer.api.train` calls it first, so a run that cannot work fails in a second, not after a model
@@ -67,14 +67,14 @@ def check_devices(cfg: TrainerConfig) -> None:
 
 def model_config(cfg: TrainerConfig, *, overrides: bool = True) -> Any | None:
     """The model's HF config without loading weights, or None when that needs the weights (GGUF)."""
-    from trainer import models
+    from trainer.models import loading as models
 
     m = cfg.model
     over = dict(m.override_config) if overrides else {}
     path = m.path
     if path.startswith("tiny:"):
         arch = path.split(":", 1)[1]
-        from trainer import models_vlm
+        from trainer.models import vlm as models_vlm
 
         if models_vlm.is_tiny_vlm(arch):  # a warm-started tiny VLM keeps the base architecture's config
             return models_vlm.tiny_vlm_config(arch.partition("+sft-")[0], models_vlm.tiny_vlm_tokenizer(), over)
@@ -136,7 +136,7 @@ def preflight(cfg: TrainerConfig) -> None:
     """Every start-time check, cheapest first."""
     check_out_dir(cfg.trainer.out_dir)
     check_devices(cfg)
-    from trainer.models_vlm import check_multimodal_support
+    from trainer.models.vlm import check_multimodal_support
 
     check_multimodal_support(cfg)  # a vision-language model.path: the paths that take images
     check_model(cfg)

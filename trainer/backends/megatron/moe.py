@@ -5,9 +5,9 @@ router statistics of docs/metrics.md from megatron's routers.
     with recorder.capture():
         set_aux_loss_scale(micro_tokens / mini_batch_tokens, device)
         gpt(ids, pos, causal, padding_mask=padding)  # [N, T], True after each row's real tokens
-    loss, stats, counts = recorder.pop()            # the FSDP2 path's reduction (trainer/models_moe.py)
+    loss, stats, counts = recorder.pop()            # the FSDP2 path's reduction (trainer/models/moe.py)
 
-The actor (`MegatronActor._logprobs`, `trainer/backends/megatron.py`) does this for every update
+The actor (`MegatronActor._logprobs`, `trainer/backends/megatron/backend.py`) does this for every update
 micro-batch; `python3 -m pytest tests/unit/test_megatron_moe.py` compares it with the FSDP2 path.
 
 Load-balancing loss (`actor.moe_aux_loss_coeff`): megatron-core's own. `build_bridge` sets the
@@ -43,7 +43,7 @@ from typing import Any
 
 import torch
 
-from trainer.models_moe import RouterRecorder
+from trainer.models.moe import RouterRecorder
 
 
 def megatron_routers(gpt: torch.nn.Module) -> list[torch.nn.Module]:

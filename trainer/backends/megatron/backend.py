@@ -32,10 +32,10 @@ weight (TP shards gathered), so no `[N, T, V]` logits are materialized.
 MoE: the router load-balancing loss (`actor.moe_aux_loss_coeff`) is megatron-core's own
 (`moe_router_load_balancing_type: aux_loss`), given the padding mask and its gradient scaled to each
 micro-batch's share of the mini-batch's response tokens, so the same coefficient takes the FSDP2
-path's update; the `actor/moe/*` metrics come from megatron's routers (`trainer/backends/megatron_moe.py`).
+path's update; the `actor/moe/*` metrics come from megatron's routers (`trainer/backends/megatron/moe.py`).
 
 Parallelism: tensor (`actor.megatron.tensor_model_parallel_size`), with sequence parallelism
-(`sequence_parallel`: megatron-core's own SP layers, norms from `trainer/backends/megatron_norm.py`; each
+(`sequence_parallel`: megatron-core's own SP layers, norms from `trainer/backends/megatron/norm.py`; each
 row padded to a multiple of TP, the decoder's output gathered over TP before the log-prob head, whose
 loss every TP rank computes whole; MoE under TP needs it, as in megatron-core), expert
 (`expert_model_parallel_size`: megatron-core's alltoall token dispatcher on every device, CPU included,
@@ -43,7 +43,7 @@ loss every TP rank computes whole; MoE under TP needs it, as in megatron-core), 
 TP group hold the same experts and train them on their own slices of the sequence), pipeline
 (`pipeline_model_parallel_size`: each rank builds its stage's layers, megatron-core's non-interleaved
 1F1B schedule runs the update's micro-batches through the same loss function as the plain loop;
-`trainer/backends/megatron_pipeline.py`; not with megatron's DDP and distributed optimizer);
+`trainer/backends/megatron/pipeline.py`; not with megatron's DDP and distributed optimizer);
 data parallel over the remaining ranks (N / (TP x PP)). The ranks are the Ray trainer workers (colocated with
 `trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
@@ -51,7 +51,7 @@ single-process loop has one. Checkpoints of several ranks hold each rank's own s
 unconditional `torch.cuda` calls; gradients are all-reduced with torch over the data-parallel
 groups and the optimizer is torch's AdamW. On CUDA (`actor.megatron.optimizer: auto` or `megatron`)
 `from_hf` wraps the model in megatron's DDP and gives it megatron's distributed optimizer
-(`trainer/backends/megatron_gpu.py`: fp32 grad buffers, fp32 masters for bf16 params, Adam state
+(`trainer/backends/megatron/gpu.py`: fp32 grad buffers, fp32 masters for bf16 params, Adam state
 sharded over the data-parallel ranks, fused Adam), in every loop that builds the actor; its state
 (masters and moments included) goes into the checkpoints. `actor.megatron.optimizer: torch` keeps
 the CPU path's all-reduce and AdamW on CUDA; `megatron` on a CPU run stops at start.
@@ -71,7 +71,7 @@ import torch
 import torch.distributed as dist
 
 from trainer.backends.actor import Actor, LossFn, MicroBatchOut
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.config import ActorConfig, TrainerConfig
 from trainer.errors import ConfigError
 from trainer.ops.logprobs import lm_head_logprobs
@@ -104,8 +104,8 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
     tp, ep = m.tensor_model_parallel_size, m.expert_model_parallel_size
     is_moe = num_experts > 1
     pp = m.pipeline_model_parallel_size
-    if pp > 1:  # trainer/backends/megatron_pipeline.py
-        from trainer.backends.megatron_pipeline import check_pipeline_config
+    if pp > 1:  # trainer/backends/megatron/pipeline.py
+        from trainer.backends.megatron.pipeline import check_pipeline_config
 
         check_pipeline_config(cfg, loop, world)
     if m.sequence_parallel and tp == 1:
@@ -256,9 +256,9 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
 
 def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention: bool = True) -> torch.nn.Module:
     """megatron-core GPTModel with the local layer spec, from the bridge's config. Norms:
-    `SequenceParallelNorm` (`trainer/backends/megatron_norm.py`), MoE experts:
-    `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron_experts.py`) or megatron's SequentialMLP;
-    attention: `CausalSDPA` (torch's fused kernels, `trainer/backends/megatron_attention.py`) or megatron's
+    `SequenceParallelNorm` (`trainer/backends/megatron/norm.py`), MoE experts:
+    `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron/experts.py`) or megatron's SequentialMLP;
+    attention: `CausalSDPA` (torch's fused kernels, `trainer/backends/megatron/attention.py`) or megatron's
     `DotProductAttention`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -267,14 +267,14 @@ def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention
     spec = get_gpt_layer_local_spec(num_experts=c.num_moe_experts, moe_grouped_gemm=c.moe_grouped_gemm,
                                     qk_layernorm=c.qk_layernorm, normalization=c.normalization)
     if c.num_moe_experts and grouped_experts:
-        from trainer.backends.megatron_experts import use_grouped_experts
+        from trainer.backends.megatron.experts import use_grouped_experts
 
         use_grouped_experts(spec)
     if sdpa_attention:
-        from trainer.backends.megatron_attention import use_sdpa_attention
+        from trainer.backends.megatron.attention import use_sdpa_attention
 
         use_sdpa_attention(spec)
-    from trainer.backends.megatron_norm import use_sequence_parallel_norms
+    from trainer.backends.megatron.norm import use_sequence_parallel_norms
 
     spec = use_sequence_parallel_norms(spec, c)
     kw = bridge._get_gptmodel_args()
@@ -284,7 +284,7 @@ def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention
         bridge.padded_vocab_size = kw["vocab_size"] = -(-bridge.vocab_size // d) * d
     from megatron.core import parallel_state as ps
 
-    from trainer.backends.megatron_pipeline import cpu_cuda_calls, pipeline_size
+    from trainer.backends.megatron.pipeline import cpu_cuda_calls, pipeline_size
 
     # a pipeline stage: the embedding on the first, the final norm and output layer on the last, its own layers
     with cpu_cuda_calls() if pipeline_size() > 1 else contextlib.nullcontext():  # tied embeddings' setup
@@ -353,7 +353,7 @@ def hf_checkpoint_tensors(hf_model: torch.nn.Module) -> dict[str, torch.Tensor]:
 @torch.no_grad()
 def load_hf_weights(model: torch.nn.Module, bridge: Any, hf: dict[str, torch.Tensor]) -> None:
     """Copy HF checkpoint-layout tensors into this rank's shard of every megatron parameter."""
-    from trainer.backends.megatron_pipeline import global_layer_name, layer_offset
+    from trainer.backends.megatron.pipeline import global_layer_name, layer_offset
 
     is_moe, offset = bool(bridge.config.num_moe_experts), layer_offset(model)
     for name, param in _expanded(model.state_dict(keep_vars=True).items()):
@@ -403,7 +403,7 @@ def export_hf_weights(model: torch.nn.Module, bridge: Any) -> list[tuple[str, to
     parameters, on every rank (`named_weights` gathers the stages)."""
     from megatron.core import parallel_state as ps
 
-    from trainer.backends.megatron_pipeline import global_layer_name, is_tied_copy, layer_offset
+    from trainer.backends.megatron.pipeline import global_layer_name, is_tied_copy, layer_offset
 
     is_moe, offset = bool(bridge.config.num_moe_experts), layer_offset(model)
     out: list[tuple[str, torch.Tensor]] = []
@@ -494,7 +494,7 @@ class MegatronActor(Actor):
         self.router = None  # MoE: router statistics (actor/moe/*); the aux loss is megatron's own
         self._mini_batch_tokens: float | None = None  # response tokens of the mini-batch being updated
         if bridge.config.num_moe_experts:
-            from trainer.backends.megatron_moe import MegatronRouterRecorder
+            from trainer.backends.megatron.moe import MegatronRouterRecorder
 
             self.router = MegatronRouterRecorder(self.gpt)
         elif cfg.moe_aux_loss_coeff > 0:
@@ -516,7 +516,7 @@ class MegatronActor(Actor):
         m = cfg.megatron
         megatron_optimizer = use_megatron_optimizer_on(cfg, device)  # a ConfigError before anything is built
         if m.pipeline_model_parallel_size > 1:
-            from trainer.backends.megatron_pipeline import check_pipeline_model
+            from trainer.backends.megatron.pipeline import check_pipeline_model
 
             check_pipeline_model(cfg, hf_model.config, megatron_optimizer)
         init_parallel(m.tensor_model_parallel_size, m.expert_model_parallel_size, pp=m.pipeline_model_parallel_size,
@@ -530,7 +530,7 @@ class MegatronActor(Actor):
                     max_response_length=max_response_length, device=device)
         actor.hf_order = [name for name, _ in hf_model.named_parameters()]
         if megatron_optimizer:
-            from trainer.backends.megatron_gpu import use_megatron_optimizer
+            from trainer.backends.megatron.gpu import use_megatron_optimizer
 
             use_megatron_optimizer(actor)
         return actor
@@ -560,11 +560,11 @@ class MegatronActor(Actor):
             # load-balancing loss; its gradient scaled to this micro-batch's token share (megatron_moe.py)
             kw["padding_mask"] = torch.arange(t, device=ids.device)[None] >= micro.attention_mask.sum(-1)[:, None]
             if sp and not self.gpt.pre_process:  # megatron-core splits it over TP on the first pipeline stage only
-                from trainer.backends.megatron_pipeline import sequence_parallel_slice
+                from trainer.backends.megatron.pipeline import sequence_parallel_slice
 
                 kw["padding_mask"] = sequence_parallel_slice(kw["padding_mask"])
             if self.cfg.moe_aux_loss_coeff > 0 and self.model.training and torch.is_grad_enabled():
-                from trainer.backends.megatron_moe import set_aux_loss_scale
+                from trainer.backends.megatron.moe import set_aux_loss_scale
 
                 if self._mini_batch_tokens is None:
                     raise RuntimeError("MegatronActor: the mini-batch's token count is not known before its "
@@ -593,7 +593,7 @@ class MegatronActor(Actor):
 
     # ------------------------------------------------------------------ pipeline parallelism (megatron_pipeline.py)
     def forward_backward(self, micros: list[Batch], loss_fn: LossFn) -> list[MicroBatchOut]:
-        from trainer.backends import megatron_pipeline
+        from trainer.backends.megatron import pipeline as megatron_pipeline
 
         if megatron_pipeline.pipeline_size() == 1:
             return super().forward_backward(micros, loss_fn)
@@ -602,7 +602,7 @@ class MegatronActor(Actor):
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None,
                          model: torch.nn.Module | None = None) -> torch.Tensor:
-        from trainer.backends import megatron_pipeline
+        from trainer.backends.megatron import pipeline as megatron_pipeline
 
         if megatron_pipeline.pipeline_size() == 1 or model not in (None, self.model):
             return super().compute_logprobs(batch, micro_batch_size, model)
@@ -636,11 +636,11 @@ class MegatronActor(Actor):
         from megatron.core import parallel_state as ps
 
         if self.megatron_optimizer is not None:  # CUDA: megatron's DDP + distributed optimizer
-            from trainer.backends.megatron_gpu import megatron_step
+            from trainer.backends.megatron.gpu import megatron_step
 
             return megatron_step(self)
-        from trainer.backends import megatron_pipeline as pipe
-        from trainer.backends.megatron_norm import tp_partial_grad_params
+        from trainer.backends.megatron import pipeline as pipe
+        from trainer.backends.megatron.norm import tp_partial_grad_params
 
         dense, experts = [], []
         for name, p in self.model.named_parameters():
@@ -681,7 +681,7 @@ class MegatronActor(Actor):
         """Full weights by HF name (a collective: every rank gathers the TP / EP shards), in the HF
         model's `named_parameters()` order, the order the fully-async weight broadcast sends in."""
         weights = export_hf_weights(self.gpt, self.bridge)
-        from trainer.backends.megatron_pipeline import gather_stage_weights, pipeline_size
+        from trainer.backends.megatron.pipeline import gather_stage_weights, pipeline_size
 
         weights = dict(gather_stage_weights(weights, self.device) if pipeline_size() > 1 else weights)
         if self.hf_order is None:

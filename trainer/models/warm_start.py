@@ -12,7 +12,7 @@ few supervised steps on traces the project writes itself and caches the result:
   (`tool_fraction`). Few steps and a mix on purpose: the model calls the tool sometimes, not
   always and not always well, so the retool cpu profile can show RL raising the turns per
   trajectory and the reward;
-- ``tiny:qwen2.5-vl+sft-geometry-<level>-<steps>`` (`trainer/warm_start_vlm.py`): the figures.
+- ``tiny:qwen2.5-vl+sft-geometry-<level>-<steps>`` (`trainer/models/warm_start_vlm.py`): the figures.
 
 The loss is the mean negative log-prob of the mask-1 response tokens through the trainer's own
 log-prob path (`trainer.ops.logprobs.response_logprobs`), AdamW, float32. A model folder with
@@ -21,8 +21,8 @@ a response to a held-out prompt opens with a tool call, before and after, second
 ``$RLBENCH_CACHE/models/<base>-sft-<hash of base and setting>/``; processes that need it at once
 (Ray workers, the fully-async rollouter and trainer) wait on a file lock and one of them builds it.
 
-    python -m trainer.warm_start --steps 20 --tool-fraction 0.6     # build (or show) the cached model
-    python -m trainer.warm_start --steps 3 --tool-fraction 0.9 --batch-size 8 --lr 3e-4   # the retool cpu profile's
+    python -m trainer.models.warm_start --steps 20 --tool-fraction 0.6     # build (or show) the cached model
+    python -m trainer.models.warm_start --steps 3 --tool-fraction 0.9 --batch-size 8 --lr 3e-4   # the retool cpu profile's
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ from trainer.errors import ModelError, RLBenchError
 def sft_batch(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_token_id: int,
               masks: Sequence[list[int]] | None = None) -> Any:
     """A trainer `Batch` of fixed prompt/response pairs (mask 0 on tokens not trained on)."""
-    from trainer.batch import batch_from_rollout
+    from trainer.components.batch import batch_from_rollout
     from trainer.rollout.base import Rollout
 
     n = len(prompts)
@@ -101,7 +101,7 @@ def build_cached(folder: Path, build: Callable[[Path], dict[str, Any]]) -> Path:
 
 def cache_folder(cfg: ModelConfig, seed: int) -> Path:
     """Where the warm start of `cfg` lives: the base's name and a hash of everything that shapes the result."""
-    from trainer.models import cache_dir
+    from trainer.models.loading import cache_dir
 
     ws = cfg.warm_start
     assert ws is not None
@@ -176,7 +176,7 @@ def apply_warm_start(cfg: ModelConfig, model: torch.nn.Module, tokenizer: Any, *
     """The warm-started version of the loaded `model` (built on first use, then read from the cache)."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.models import resolve_dtype
+    from trainer.models.loading import resolve_dtype
 
     if cfg.path.startswith("tiny:qwen2.5-vl") or hasattr(model, "visual") or hasattr(getattr(model, "model", None), "visual"):
         raise ModelError(f"model.warm_start: {cfg.path} is a vision-language model (fix: drop model.warm_start; "
@@ -197,7 +197,7 @@ def read_facts(cfg: ModelConfig, seed: int = 0) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.warm_start", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.models.warm_start", description=__doc__.split("\n")[0])
     parser.add_argument("--model", default="embedded:smollm2-135m-instruct")
     parser.add_argument("--steps", type=int, default=WarmStartConfig.model_fields["steps"].default)
     parser.add_argument("--tool-fraction", type=float, default=WarmStartConfig.model_fields["tool_fraction"].default)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from pydantic import ValidationError
 
-        from trainer.models import load_model_and_tokenizer
+        from trainer.models.loading import load_model_and_tokenizer
 
         try:
             cfg = ModelConfig(path=args.model, warm_start=WarmStartConfig(

@@ -5,7 +5,7 @@ megatron-core's local layer spec runs the experts one at a time (`SequentialMLP`
 is a drop-in experts module for `MoELayer` (same call: tokens already permuted by expert, tokens per
 local expert, routing probabilities): all local experts' fc1 in one `torch.nn.functional.grouped_mm`,
 SwiGLU, probabilities, fc2 in a second one. Weights: `fc1 [E_local, 2I, H]` (gate rows, then up),
-`fc2 [E_local, H, I]` -- transformers' fused layout. `trainer/backends/megatron.py` maps them from and
+`fc2 [E_local, H, I]` -- transformers' fused layout. `trainer/backends/megatron/backend.py` maps them from and
 to the HF names per expert through mbridge's tables. On CPU (where torch's grouped_mm has no
 reliable backward) the same math runs as a loop over experts.
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 
 
 class Timer:
@@ -64,7 +64,7 @@ class MetricsWriter:
         with self.path.open("a") as f:
             f.write(line + "\n")
             f.flush()
-            os.fsync(f.fileno())  # on disk before the step's checkpoint is committed (trainer/checkpoint.py)
+            os.fsync(f.fileno())  # on disk before the step's checkpoint is committed (trainer/components/checkpoint.py)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

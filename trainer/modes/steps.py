@@ -18,16 +18,16 @@ import torch
 from trainer.algorithms.dapo import dynamic_sampling_keep, overlong_reward_penalty
 from trainer.backends.actor import Actor
 from trainer.backends.critic import Critic
-from trainer.batch import Batch, batch_from_rollout, concat_batches
+from trainer.components.batch import Batch, batch_from_rollout, concat_batches
+from trainer.components.val_samples import sample_records, write_samples
 from trainer.config import DataConfig, TrainerConfig
 from trainer.data.dataset import PromptDataset, load_rows
 from trainer.data.synthetic import SPEC_PREFIX, ensure_synthetic, load_synthetic
-from trainer.models import eos_token_ids, load_model_and_tokenizer
-from trainer.models_vlm import check_multimodal_support, freeze_vision_tower, load_vision_processor
+from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.vlm import check_multimodal_support, freeze_vision_tower, load_vision_processor
 from trainer.rewards import compute_score
 from trainer.rollout.base import RolloutEngine, SamplingParams
 from trainer.rollout.registry import build_engine
-from trainer.val_samples import sample_records, write_samples
 
 
 @dataclass
@@ -104,7 +104,7 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
         model.gradient_checkpointing_enable()
     model.to(device)
     if cfg.actor.strategy == "megatron":  # megatron-core GPTModel, HF weights through mbridge
-        from trainer.backends.megatron import MegatronActor
+        from trainer.backends.megatron.backend import MegatronActor
 
         actor: Actor = MegatronActor.from_hf(model, cfg.actor, temperature=cfg.rollout.temperature,
                                              max_response_length=cfg.data.max_response_length, device=device,
@@ -263,7 +263,7 @@ def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
 def validate(c: Components, step: int | None = None) -> dict[str, float]:
     """Greedy (by default) generation on the validation set: `val-core/<data_source>/acc/mean@N`.
     With `trainer.log_val_generations` > 0 and a `step`, the first responses go to
-    `<out_dir>/samples/step_<step>.jsonl` (`trainer/val_samples.py`)."""
+    `<out_dir>/samples/step_<step>.jsonl` (`trainer/components/val_samples.py`)."""
     if c.val_data is None:
         return {}
     cfg = c.cfg

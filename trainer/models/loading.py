@@ -11,13 +11,13 @@
   with a byte-level tokenizer built on the spot (no download), for fast tests;
 - `tiny:qwen2.5-vl`, `tiny:qwen3-vl` (deepstack), `tiny:qwen3.5-moe` (Gated-DeltaNet + full attention,
   MoE): random-init vision-language models with their tokenizer and image processor
-  (`trainer/models_vlm.py`, which also loads local Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5-MoE folders);
+  (`trainer/models/vlm.py`, which also loads local Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5-MoE folders);
 - `shape:qwen2.5-0.5b` etc.: the public config of a real model (table below) with random weights,
   for throughput runs with `load_format: dummy` when the real weights are not on the machine.
 `load_format: dummy` keeps the shapes of whatever `path` names and re-initializes the weights.
-`warm_start: {...}` trains the loaded model for a few supervised steps first (`trainer/warm_start.py`,
+`warm_start: {...}` trains the loaded model for a few supervised steps first (`trainer/models/warm_start.py`,
 cached). `upcycle_num_experts: E` turns the loaded Llama into a Mixtral with E copies of each MLP
-(`trainer/models_moe.py`); `experts_implementation` picks transformers' experts kernel of an MoE.
+(`trainer/models/moe.py`); `experts_implementation` picks transformers' experts kernel of an MoE.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def embedded_gguf(name: str) -> Path:
 
 
 def tiny_config(arch: str, vocab_size: int, overrides: dict[str, Any] | None = None) -> Any:
-    from trainer.models_moe import TINY_MOE
+    from trainer.models.moe import TINY_MOE
 
     if arch not in _TINY and arch not in TINY_MOE:
         raise ModelError(f"model.path: unknown tiny architecture 'tiny:{arch}' (fix: use one of "
@@ -101,7 +101,7 @@ def tiny_config(arch: str, vocab_size: int, overrides: dict[str, Any] | None = N
     if arch == "qwen3":
         kwargs["head_dim"] = 16
     cls = _TINY.get(arch)
-    if arch in TINY_MOE:  # mixture-of-experts (trainer/models_moe.py)
+    if arch in TINY_MOE:  # mixture-of-experts (trainer/models/moe.py)
         cls, moe_kwargs = TINY_MOE[arch]
         kwargs.update(moe_kwargs)
     kwargs.update(overrides or {})
@@ -143,7 +143,7 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
     dtype = resolve_dtype(cfg.dtype)
     path = cfg.path
     model: PreTrainedModel | None = None
-    from trainer import models_vlm
+    from trainer.models import vlm as models_vlm
 
     if path.startswith("tiny:") and models_vlm.is_tiny_vlm(path.split(":", 1)[1]):
         model, tokenizer = models_vlm.build_tiny_vlm(path.split(":", 1)[1], dtype=dtype, seed=seed, with_model=with_model,
@@ -221,17 +221,17 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
         model.apply(model._init_weights)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    if model is not None and cfg.warm_start is not None:  # a few SFT steps first, cached (trainer/warm_start.py)
-        from trainer.warm_start import apply_warm_start
+    if model is not None and cfg.warm_start is not None:  # a few SFT steps first, cached (trainer/models/warm_start.py)
+        from trainer.models.warm_start import apply_warm_start
 
         model = apply_warm_start(cfg, model, tokenizer, seed=seed)
     if model is not None and cfg.upcycle_num_experts:
-        from trainer.models_moe import upcycle_to_mixtral
+        from trainer.models.moe import upcycle_to_mixtral
 
         model = upcycle_to_mixtral(model, cfg.upcycle_num_experts, cfg.upcycle_top_k, seed=seed,
                                    experts_implementation=cfg.experts_implementation)
     if model is not None and cfg.experts_implementation != "auto":
-        from trainer.models_moe import is_moe
+        from trainer.models.moe import is_moe
 
         if not is_moe(model.config):
             raise ModelError(f"model.experts_implementation={cfg.experts_implementation}: {path} is not a "

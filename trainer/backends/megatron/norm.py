@@ -15,7 +15,7 @@ marks its parameters with `sequence_parallel = config.sequence_parallel`; `use_s
 puts it everywhere the local spec builds a norm (each layer's input and pre-MLP norms, the q / k norms,
 the decoder's final norm). With sequence parallelism off it is `WrappedTorchNorm`'s module, parameter
 names included. `tp_partial_grad_params` lists the parameters whose gradients the actor must sum over
-the tensor-parallel group (`trainer/backends/megatron.py`: those marked so, and the q / k norms, which
+the tensor-parallel group (`trainer/backends/megatron/backend.py`: those marked so, and the q / k norms, which
 see only the rank's attention heads).
 
     spec = use_sequence_parallel_norms(get_gpt_layer_local_spec(...), config)  # a TransformerBlockSubmodules

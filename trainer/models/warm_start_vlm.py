@@ -4,7 +4,7 @@ No small pretrained vision-language model ships in a Python package, and a rando
 never answers a figure question with a number, so GRPO on it has no reward to learn from. This
 trains `tiny:qwen2.5-vl` for a few supervised steps on the *training* split of a synthetic
 geometry level: prompt = figure + question, target = the answer digits then ``<|im_end|>``, AdamW
-at a constant learning rate, through the supervised loop, batches and cache of `trainer.warm_start`.
+at a constant learning rate, through the supervised loop, batches and cache of `trainer.models.warm_start`.
 The vision tower stays at its random init here (the RL run may train it): a linear probe on its
 mean merged features reads geometry-count's answer on every validation figure, and training it
 alongside the text model (at lr 3e-3) kept the text model on the answer prior (loss ln 4 / 2 =
@@ -22,7 +22,7 @@ answer at probability 0.22-0.28, so its T = 1 score was 0.26). What it bought is
 assumed, and written to ``warm_start.json`` (steps run, the check curve, greedy and sampled
 validation accuracy):
 
-    python -m trainer.warm_start_vlm --task geometry-count --steps 400 --to 40
+    python -m trainer.models.warm_start_vlm --task geometry-count --steps 400 --to 40
     # -> $RLBENCH_CACHE/models/tiny-qwen2.5-vl-sft-geometry-count-400-to40-r3/ (HF folder + warm_start.json)
 
 Measured (2 CPU cores, torch 2.13): geometry-easy after 40 steps answers every figure with the
@@ -77,7 +77,7 @@ def folder_name(arch: str, task: str, steps: int, to: int | None) -> str:
 
 
 def _batch(items: list[dict[str, Any]], targets: list[list[int]], pad: int):
-    from trainer.warm_start import sft_batch
+    from trainer.models.warm_start import sft_batch
 
     batch = sft_batch([it["prompt_ids"] for it in items], targets, pad)
     batch.meta["multi_modal_inputs"] = [it["multi_modal_inputs"] for it in items]
@@ -88,8 +88,8 @@ def warm_start(arch: str, task: str, steps: int, out: Path, to: int | None = Non
     """Train and save the warm-started model to `out`; returns the provenance written to warm_start.json."""
     from trainer.data.dataset import PromptDataset
     from trainer.data.synthetic import ensure_synthetic
-    from trainer.models_vlm import build_tiny_vlm, freeze_vision_tower, load_vision_processor
-    from trainer.warm_start import supervised_steps
+    from trainer.models.vlm import build_tiny_vlm, freeze_vision_tower, load_vision_processor
+    from trainer.models.warm_start import supervised_steps
 
     t0 = time.perf_counter()
     model, tok = build_tiny_vlm(arch, dtype=torch.float32, attn_implementation="sdpa", seed=SEED, with_model=True)
@@ -154,7 +154,7 @@ def _sampled_accuracy(model: torch.nn.Module, tok: Any, rows: Any, target: Any) 
 
 @torch.no_grad()
 def _greedy_accuracy(model: torch.nn.Module, tok: Any, val: Any) -> float:
-    from trainer.models import eos_token_ids
+    from trainer.models.loading import eos_token_ids
     from trainer.rewards import compute_score
     from trainer.rollout.base import SamplingParams
     from trainer.rollout.hf import HFRolloutEngine
@@ -173,8 +173,8 @@ def load_warm_started(name: str, *, dtype: torch.dtype, attn_implementation: str
     """The cached warm-started model and tokenizer of ``tiny:<name>``, trained first when not cached."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-    from trainer.models import cache_dir
-    from trainer.warm_start import build_cached
+    from trainer.models.loading import cache_dir
+    from trainer.models.warm_start import build_cached
 
     arch, task, steps, to = parse_name(name)
     folder = cache_dir() / "models" / folder_name(arch, task, steps, to)
@@ -184,14 +184,14 @@ def load_warm_started(name: str, *, dtype: torch.dtype, attn_implementation: str
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.warm_start_vlm", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m trainer.models.warm_start_vlm", description=__doc__.split("\n")[0])
     parser.add_argument("--arch", default="qwen2.5-vl")
     parser.add_argument("--task", default="geometry-easy")
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--to", type=int, default=None, help="stop at this sampled (T = 1) accuracy on training rows (percent)")
     args = parser.parse_args(argv)
     try:
-        from trainer.models import cache_dir
+        from trainer.models.loading import cache_dir
 
         name = f"{args.arch}+sft-{args.task}-{args.steps}" + (f"-to{args.to}" if args.to else "")
         arch, task, steps, to = parse_name(name)
@@ -199,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
         if (folder / "warm_start.json").is_file():
             print(f"cached: {folder}\n{(folder / 'warm_start.json').read_text()}")
             return 0
-        from trainer.warm_start import build_cached
+        from trainer.models.warm_start import build_cached
 
         build_cached(folder, lambda out: warm_start(arch, task, steps, out, to))
         print((folder / "warm_start.json").read_text())

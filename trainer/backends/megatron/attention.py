@@ -8,7 +8,7 @@ kernels, with the keys and values repeated over GQA groups first. `CausalSDPA` i
 device memory.
 
 It is exact for the `MegatronActor`'s batches only because of how they are laid out: every row is
-left-aligned (real tokens first, padding after; `trainer/backends/megatron.py`) and run under the
+left-aligned (real tokens first, padding after; `trainer/backends/megatron/backend.py`) and run under the
 plain causal mask, so causal attention (`is_causal=True`) is that mask. The mask tensor megatron
 passes is therefore not read; a layer built with another mask type, attention dropout, packed
 sequences, an attention bias or a softmax offset is refused at build time or call time.

@@ -19,7 +19,7 @@ a later step is written again by the resumed run, so a kill at any instant loses
 no line; on CPU the rewritten lines are the same numbers. A log that lost lines (deleted by hand)
 is restored from the checkpoint's copy.
 
-`RLBENCH_FAULT_AT=<phase>:<step>` (test-only, `trainer/faults.py`) kills the process at a phase of
+`RLBENCH_FAULT_AT=<phase>:<step>` (test-only, `trainer/components/faults.py`) kills the process at a phase of
 a step, to test exactly this.
 """
 
@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
+from trainer.components.faults import fault_point
 from trainer.errors import RLBenchError
-from trainer.faults import fault_point
 
 log = logging.getLogger(__name__)
 

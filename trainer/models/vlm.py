@@ -1,8 +1,8 @@
 """Vision-language policies (Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5-MoE): build, load, freeze, one shared forward.
 
-`model.path` forms (through `trainer.models.load_model_and_tokenizer`):
+`model.path` forms (through `trainer.models.loading.load_model_and_tokenizer`):
 - ``tiny:qwen2.5-vl+sft-geometry-<level>-<steps>``: that model after a brief supervised warm start on
-  the synthetic figures (`trainer/warm_start_vlm.py`), built once and cached;
+  the synthetic figures (`trainer/models/warm_start_vlm.py`), built once and cached;
 - ``tiny:qwen2.5-vl``: a random-init `Qwen2_5_VLForConditionalGeneration` (1 vision block of
   width 32 with 8-px patches, 2-layer text model of width 64), the project's byte-level tokenizer
   plus the Qwen2-VL special tokens ``<|vision_start|>``, ``<|vision_end|>``, ``<|image_pad|>``,
@@ -74,7 +74,7 @@ _TINY_IMAGE = dict(patch_size=8, merge_size=2, temporal_patch_size=2, min_pixels
 
 
 def is_tiny_vlm(name: str) -> bool:
-    """``qwen2.5-vl``, ``qwen3-vl``, ``qwen3.5-moe``, or a warm-started ``qwen2.5-vl+sft-<task>-<steps>`` (`trainer/warm_start_vlm.py`)."""
+    """``qwen2.5-vl``, ``qwen3-vl``, ``qwen3.5-moe``, or a warm-started ``qwen2.5-vl+sft-<task>-<steps>`` (`trainer/models/warm_start_vlm.py`)."""
     return name.partition("+sft-")[0] in TINY_VLMS
 
 
@@ -141,7 +141,7 @@ def build_tiny_vlm(arch: str, *, dtype: torch.dtype, attn_implementation: str, s
         if arch.partition("+sft-")[0] != "qwen2.5-vl":
             raise ModelError(f"model.path: 'tiny:{arch}': the figures' warm start is built for tiny:qwen2.5-vl only "
                              "(fix: write tiny:qwen2.5-vl+sft-geometry-<level>-<steps>)")
-        from trainer.warm_start_vlm import load_warm_started
+        from trainer.models.warm_start_vlm import load_warm_started
 
         if overrides:
             raise ModelError(f"model.override_config: not supported for the warm-started tiny:{arch} (fix: remove it)")

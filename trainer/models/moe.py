@@ -33,7 +33,7 @@ from transformers import LlamaConfig, MixtralConfig, MixtralForCausalLM, PreTrai
 
 from trainer.errors import ModelError
 
-# tiny random-init MoE architectures (trainer/models.py `tiny:<arch>`): config class, MoE fields
+# tiny random-init MoE architectures (trainer/models/loading.py `tiny:<arch>`): config class, MoE fields
 TINY_MOE: dict[str, tuple[type, dict[str, Any]]] = {
     "qwen3_moe": (Qwen3MoeConfig, {"head_dim": 16, "num_experts": 4, "num_experts_per_tok": 2,
                                    "moe_intermediate_size": 64, "norm_topk_prob": True, "decoder_sparse_step": 1,

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 from trainer.data.multimodal import thumbnail_b64
 
 

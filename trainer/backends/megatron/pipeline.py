@@ -67,7 +67,7 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 from trainer.backends.actor import LossFn, MicroBatchOut
-from trainer.batch import Batch
+from trainer.components.batch import Batch
 
 
 def pipeline_size() -> int:
@@ -224,7 +224,7 @@ class _AuxScaleAtBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        from trainer.backends.megatron_moe import set_aux_loss_scale
+        from trainer.backends.megatron.moe import set_aux_loss_scale
 
         set_aux_loss_scale(ctx.weight, grad.device)
         return grad, None
