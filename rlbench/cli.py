@@ -7,14 +7,14 @@
     rlbench check --suite verl_geo3k_qwen35_35b_a3b_moe_gfx950 --arch gfx950 \\
         --run colocated=coloc/metrics.jsonl --run fully_async=async/metrics.jsonl
     rlbench golden verl_grpo_qwen3_8b_sglang_gfx950 --profile cpu --seeds 3
-    rlbench selftest                       # planted trainer bugs x the checks that catch them (rlbench/selftest.py)
+    rlbench selftest                       # planted trainer bugs x the checks that catch them (rlbench/selftest/run.py)
 
-`run` trains the profile's modes and seeds (see rlbench/runner.py for the run folder), `check`
-reads verl (JSONL or console), Miles or rlbench logs (rlbench/ingest.py), `golden` records
-per-arch references over seeds (rlbench/golden.py). Each prints one line per check.
+`run` trains the profile's modes and seeds (see rlbench/run/runner.py for the run folder), `check`
+reads verl (JSONL or console), Miles or rlbench logs (rlbench/ingest/load.py), `golden` records
+per-arch references over seeds (rlbench/checks/golden.py). Each prints one line per check.
 
 `check` guesses the profile from the log's shape when `--profile` is not given (steps, sequences
-per step, response cap: rlbench/profile_guess.py) and says what it guessed; with `--profile` it
+per step, response cap: rlbench/suites/profile_guess.py) and says what it guessed; with `--profile` it
 warns when the log plainly does not have that profile's shape. `--arch` must be a known arch;
 for the cpu profile on a CPU-only machine it defaults to cpu (and says so).
 
@@ -33,9 +33,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlbench.check_inputs import check_arch, check_profile, read_logs, validate_arch
-from rlbench.results import BAD_VERDICTS, CheckResult
-from rlbench.suite import MODE_NAMES, PROFILE_NAMES, Suite, discover_suites, profile_unmet_requirements
+from rlbench.checks.inputs import check_arch, check_profile, read_logs, validate_arch
+from rlbench.checks.results import BAD_VERDICTS, CheckResult
+from rlbench.suites.suite import MODE_NAMES, PROFILE_NAMES, Suite, discover_suites, profile_unmet_requirements
 from trainer.errors import ConfigError, RLBenchError
 
 _MARK = {"pass": "PASS ", "fail": "FAIL ", "skip": "skip ", "error": "ERROR", "not_evaluated": "N/E  "}
@@ -96,7 +96,7 @@ def _print_outcome(outcome: Any) -> int:
 # ---------------------------------------------------------------------------- helpers
 def _env(arch: str | None) -> tuple[dict[str, Any], str]:
     """The machine record and the arch to use (`--arch`, checked against the detected one)."""
-    from rlbench.runner import arch_mismatch
+    from rlbench.run.runner import arch_mismatch
     from trainer.platform.env import collect_env
 
     env = collect_env()
@@ -152,7 +152,7 @@ def _mode_logs(suite: Suite, profile: str, logs: list[str], mode: list[str] | No
 
 # ---------------------------------------------------------------------------- commands
 def cmd_run(args: argparse.Namespace) -> int:
-    from rlbench.runner import find_suite, run_profile
+    from rlbench.run.runner import find_suite, run_profile
 
     suite = find_suite(args.suite)
     env, arch = _env(args.arch)
@@ -162,8 +162,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from rlbench.coverage import Coverage
-    from rlbench.runner import evaluate_runs, find_suite
+    from rlbench.checks.coverage import Coverage
+    from rlbench.run.runner import evaluate_runs, find_suite
 
     suite = find_suite(args.suite)
     if args.arch is not None:
@@ -209,8 +209,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
-    from rlbench.golden import default_dir, golden_refs, record_golden
-    from rlbench.runner import find_suite, provenance, seed_list, train_profile
+    from rlbench.checks.golden import default_dir, golden_refs, record_golden
+    from rlbench.run.runner import find_suite, provenance, seed_list, train_profile
 
     suite = find_suite(args.suite)
     refs = golden_refs(suite, args.profile)
@@ -233,8 +233,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
 
 
 def cmd_selftest(args: argparse.Namespace) -> int:
-    from rlbench.runner import find_suite
-    from rlbench.selftest import exit_code, markdown, run_selftest
+    from rlbench.run.runner import find_suite
+    from rlbench.selftest.run import exit_code, markdown, run_selftest
 
     seeds = [int(x) for x in args.clean_seeds.split(",")] if args.clean_seeds else None
     result = run_selftest(find_suite(args.suite), args.profile, mutations=args.mutations.split(",") if args.mutations else None,
@@ -246,12 +246,12 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from rlbench.runner import PROJECT_ROOT, machine_info
+    from rlbench.run.runner import PROJECT_ROOT, machine_info
 
     directory = Path(args.suites_dir) if args.suites_dir else (
         Path("suites") if Path("suites").is_dir() else PROJECT_ROOT / "suites")
     if args.arch is not None:
-        from rlbench.check_inputs import detected_arch
+        from rlbench.checks.inputs import detected_arch
 
         validate_arch(args.arch, detected=detected_arch())
     info = machine_info(args.arch)
@@ -313,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
     st = sub.add_parser("selftest", help="plant known bugs in a copy of the trainer; which checks catch them")
     st.add_argument("suite", nargs="?", default="verl_grpo_qwen3_8b_sglang_gfx950", help="a colocated suite")
     st.add_argument("--profile", choices=PROFILE_NAMES, default="cpu", help="profile to run (default cpu)")
-    st.add_argument("--mutations", help="comma-separated names from rlbench/mutations.py, or all (default: "
+    st.add_argument("--mutations", help="comma-separated names from rlbench/selftest/mutations.py, or all (default: "
                     "all but the known blind spots)")
     st.add_argument("--clean-seeds", help="comma-separated seeds of the clean runs (default 5,6,7)")
     st.add_argument("--mutation-seed", type=int, default=0, help="seed of the mutated runs (default 0)")

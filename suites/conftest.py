@@ -1,4 +1,4 @@
-"""Turns the suite files in this folder into pytest items (see rlbench/pytest_plugin.py).
+"""Turns the suite files in this folder into pytest items (see rlbench/run/pytest_plugin.py).
 
     pytest suites/ --arch cpu                       # every profile this machine can run
     pytest suites/ --arch cpu --profile cpu -k dapo --rlbench-set trainer.total_steps=2
@@ -8,4 +8,4 @@ The hooks are imported here rather than listed in `pytest_plugins`, so they appl
 only and a plain `pytest` (testpaths = tests) never loads them.
 """
 
-from rlbench.pytest_plugin import *
+from rlbench.run.pytest_plugin import *

@@ -76,7 +76,7 @@ def main() -> None:
     ap.add_argument("--extra", nargs="*", default=[], help="more overrides (a CPU dry run: model.path=tiny:qwen2 ...)")
     args = ap.parse_args()
 
-    from rlbench.suite import load_suite
+    from rlbench.suites.suite import load_suite
     from trainer.config import load_config
     from trainer.distributed.colocated_ray import train_colocated_ray
     from trainer.components.metrics import read_metrics

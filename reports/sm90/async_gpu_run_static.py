@@ -112,7 +112,7 @@ def main() -> None:
     args.micro_batch = pick(args.micro_batch, 64, 64, 8)
     args.val_times = pick(args.val_times, 2, 1, 1)
 
-    from rlbench.suite import load_suite
+    from rlbench.suites.suite import load_suite
     from trainer.config import load_config
     from trainer.distributed.colocated_ray import train_colocated_ray
     from trainer.components.metrics import read_metrics

@@ -21,7 +21,7 @@ from tests.helpers.verl_logs import verl_console_log, wrap
 
 _PROBE = """
 import resource, sys, time
-from rlbench.ingest import load_metrics
+from rlbench.ingest.load import load_metrics
 t0 = time.perf_counter()
 try:
     log = load_metrics(sys.argv[1])

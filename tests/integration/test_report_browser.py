@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlbench.report import ReportSection, UnrunProfile, render_report, render_session_report
-from rlbench.report_summary import Tally
-from rlbench.results import CheckResult
+from rlbench.checks.results import CheckResult
+from rlbench.report.html import ReportSection, UnrunProfile, render_report, render_session_report
+from rlbench.report.summary import Tally
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,9 +110,9 @@ def _reader_report(tmp_path: Path) -> tuple[Path, Tally]:
     whose GSM8K plateaus at 0.90 (3 published references fail), a device-scoped throughput
     reference skipped, the mini/cpu checks of the suite (other profiles), and a profile that could
     not run here."""
-    from rlbench.checks import evaluate, skipped
-    from rlbench.ingest import load_metrics
-    from rlbench.suite import Reference, load_suite
+    from rlbench.checks.evaluate import evaluate, skipped
+    from rlbench.ingest.load import load_metrics
+    from rlbench.suites.suite import Reference, load_suite
     from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
 
     suite = load_suite(ROOT / "suites" / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")

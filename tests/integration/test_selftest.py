@@ -9,8 +9,8 @@ import json
 
 import pytest
 
-from rlbench.runner import find_suite
-from rlbench.selftest import DEFAULT_SUITE, exit_code, run_selftest
+from rlbench.run.runner import find_suite
+from rlbench.selftest.run import DEFAULT_SUITE, exit_code, run_selftest
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""Statistics, comparisons, ratio checks, scopes and messages of rlbench.checks, on hand-computed series."""
+"""Statistics, comparisons, ratio checks, scopes and messages of rlbench.checks.evaluate, on hand-computed series."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlbench.checks import compare, compute_stat, device_matches, evaluate
-from rlbench.suite import Suite, load_suite
+from rlbench.checks.evaluate import compare, compute_stat, device_matches, evaluate
+from rlbench.suites.suite import Suite, load_suite
 
 NAN = float("nan")
 SUITES = Path(__file__).resolve().parents[2] / "suites"
@@ -258,7 +258,7 @@ def test_engine_scoped_check_is_skipped_with_its_reason_on_another_engine() -> N
 
 
 def test_profile_engines_follow_the_overrides() -> None:
-    from rlbench.checks import profile_engines
+    from rlbench.checks.evaluate import profile_engines
 
     dapo = load_suite(SUITES / "verl_dapo_qwen25_math_7b_fully_async_gfx942.yaml")
     assert profile_engines(dapo, "cpu") == {"fully_async": "hf"}
@@ -267,7 +267,7 @@ def test_profile_engines_follow_the_overrides() -> None:
 
 
 def test_logs_made_elsewhere_take_the_engine_of_the_config_beside_them(tmp_path: Path) -> None:
-    from rlbench.runner import logged_engines
+    from rlbench.run.runner import logged_engines
 
     for d, text in (("a", "rollout: {engine: vllm, n: 4}\n"), ("b", None), ("c", "rollout: [\n")):
         (tmp_path / d).mkdir()

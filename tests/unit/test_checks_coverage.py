@@ -14,9 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlbench.checks import evaluate
-from rlbench.coverage import Coverage, with_coverage
-from rlbench.results import CheckResult
+from rlbench.checks.coverage import Coverage, with_coverage
+from rlbench.checks.evaluate import evaluate
+from rlbench.checks.results import CheckResult
 from tests.unit.test_checks import toy_suite
 
 SRC = "000_af77aeb111e0721a.txt: s"

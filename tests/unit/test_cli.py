@@ -13,8 +13,9 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlbench import cli, runner
-from rlbench.suite import load_suite
+from rlbench import cli
+from rlbench.run import runner
+from rlbench.suites.suite import load_suite
 from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
 from trainer.config import load_config
 from trainer.errors import ConfigError
@@ -154,7 +155,7 @@ def test_resolved_config_applies_sets_and_fresh_run(tmp_path: Path) -> None:
 def test_list_says_what_runs_here(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["list", "--arch", "cpu", "--suites-dir", str(ROOT / "suites")]) == 0
     out = capsys.readouterr().out
-    from rlbench.runner import machine_info
+    from rlbench.run.runner import machine_info
 
     vllm = "vllm" in machine_info("cpu")["packages"]
     assert out.count("runs here") == 6 + vllm  # the five cpu profiles, geo3k's cpu-vlm, and DAPO's cpu-vllm where vLLM is installed
@@ -192,9 +193,9 @@ def fake_train(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 
 def _no_golden(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Golden values describe real runs, not the fake logs: look for them in an empty folder."""
-    import rlbench.golden
+    import rlbench.checks.golden
 
-    monkeypatch.setattr(rlbench.golden, "default_dir", lambda suite, ref: tmp_path / "no-golden")
+    monkeypatch.setattr(rlbench.checks.golden, "default_dir", lambda suite, ref: tmp_path / "no-golden")
 
 
 def test_run_writes_run_folder(tmp_path: Path, fake_train: None, capsys: pytest.CaptureFixture[str]) -> None:

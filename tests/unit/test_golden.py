@@ -9,9 +9,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlbench.checks import evaluate
-from rlbench.golden import golden_path, record_golden
-from rlbench.suite import Suite
+from rlbench.checks.evaluate import evaluate
+from rlbench.checks.golden import golden_path, record_golden
+from rlbench.suites.suite import Suite
 from trainer.errors import ConfigError, DataError
 
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.ingest import detect_format, load_metrics
-from rlbench.vocab import canonical_name, mapping_table
+from rlbench.ingest.load import detect_format, load_metrics
+from rlbench.ingest.vocab import canonical_name, mapping_table
 from trainer.errors import ConfigError, DataError, RLBenchError
 
 

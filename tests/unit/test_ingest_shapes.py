@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlbench.ingest import MAX_LINE_BYTES, load_metrics
+from rlbench.ingest.load import MAX_LINE_BYTES, load_metrics
 from tests.helpers.verl_logs import (
     RAY,
     miles_perf_record,

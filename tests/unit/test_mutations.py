@@ -1,10 +1,10 @@
-"""rlbench/mutations.py: every mutation applies to the current trainer, and a moved target fails loudly."""
+"""rlbench/selftest/mutations.py: every mutation applies to the current trainer, and a moved target fails loudly."""
 
 from __future__ import annotations
 
 import pytest
 
-from rlbench.mutations import (
+from rlbench.selftest.mutations import (
     AREAS,
     MUTATIONS,
     Mutation,
@@ -30,7 +30,7 @@ def test_apply_changes_the_copy_only(tmp_path):
     apply_mutation(m, root)
     text = (root / "trainer" / m.file).read_text()
     assert m.new in text and m.old not in text
-    from rlbench.mutations import TRAINER_DIR
+    from rlbench.selftest.mutations import TRAINER_DIR
 
     assert m.old in (TRAINER_DIR / m.file).read_text()
 

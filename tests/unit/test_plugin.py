@@ -20,8 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from rlbench.pytest_plugin import expected_check_ids
-from rlbench.suite import load_suite
+from rlbench.run.pytest_plugin import expected_check_ids
+from rlbench.suites.suite import load_suite
 from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
 
 pytest_plugins = ["pytester"]
@@ -186,7 +186,7 @@ def test_quiet_run_summarises_skip_reasons(project: pytest.Pytester) -> None:
 
 
 def test_progress_lines_follow_the_metrics_log(tmp_path: Path) -> None:
-    from rlbench.run_progress import MetricsTail, progress_line
+    from rlbench.run.progress import MetricsTail, progress_line
 
     assert progress_line("s [cpu] colocated", 3, 8, {"critic/score/mean": 0.4123}, 19.24, 0.59) == \
         "s [cpu] colocated: step 3/8, 19.2 s/step, score 0.412, val acc 0.59, ~1.6 min left"
@@ -214,8 +214,8 @@ def test_progress_lines_follow_the_metrics_log(tmp_path: Path) -> None:
 def test_checks_not_evaluated_fail_their_items(project: pytest.Pytester) -> None:
     """A log that ends at step 120 of 200: checks that need the run's end are not evaluated, and
     pytest counts them as failures (never as passes), as many as the checks module reports."""
-    from rlbench.checks import evaluate
-    from rlbench.ingest import load_metrics
+    from rlbench.checks.evaluate import evaluate
+    from rlbench.ingest.load import load_metrics
 
     logs = project.path / "logs"
     log = write_qwen3_8b_grpo_log(logs / SUITE / "full" / "colocated.jsonl", steps=120)

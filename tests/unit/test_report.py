@@ -12,7 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlbench.report import (
+from rlbench.checks.results import CheckResult
+from rlbench.report.charts import PHASE_COLOURS, validation_metrics
+from rlbench.report.html import (
     ReportSection,
     UnrunProfile,
     actual_text,
@@ -24,9 +26,7 @@ from rlbench.report import (
     runs_table,
     throughput_table,
 )
-from rlbench.report_charts import PHASE_COLOURS, validation_metrics
-from rlbench.report_summary import Tally, counts_text
-from rlbench.results import CheckResult
+from rlbench.report.summary import Tally, counts_text
 
 
 def _frame(data: dict[str, list[float]], start: int = 1) -> pd.DataFrame:
@@ -215,9 +215,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _real_full_results(tmp_path: Path, **kw: float) -> tuple[dict[str, pd.DataFrame], list[CheckResult]]:
     """The Qwen3-8B suite's checks on a log shaped like the published run (full profile, gfx950)."""
-    from rlbench.checks import evaluate
-    from rlbench.ingest import load_metrics
-    from rlbench.suite import load_suite
+    from rlbench.checks.evaluate import evaluate
+    from rlbench.ingest.load import load_metrics
+    from rlbench.suites.suite import load_suite
     from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
 
     suite = load_suite(ROOT / "suites" / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
@@ -234,7 +234,7 @@ def test_headline_counts_published_references_and_other_profiles(tmp_path: Path)
     assert "<b>10</b> of 10 published references (read off the articles) were compared on profile full: " \
            "7 pass, 3 fail." in text
     # The mini/cpu sanity and golden checks are not this profile's: counted apart, folded, never rows.
-    from rlbench.suite import load_suite
+    from rlbench.suites.suite import load_suite
 
     suite = load_suite(ROOT / "suites" / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
     n_other = sum("full" not in ref.profiles for ref in suite.references)
@@ -291,7 +291,7 @@ def test_not_evaluated_status_is_grouped_with_reason_and_never_a_pass(tmp_path: 
 def test_partial_log_coverage_is_stated(tmp_path: Path) -> None:
     r = _result("pass")
     if not hasattr(r, "coverage"):
-        pytest.skip("rlbench.results.CheckResult has no coverage field")
+        pytest.skip("rlbench.checks.results.CheckResult has no coverage field")
     r.coverage = "log has steps 80-200 of the profile's 0-200 (starts late)"
     text = render_report(tmp_path / "r.html", title="t", runs=RUNS, results=[r], env={}).read_text()
     assert "1 checks read a partial log: log has steps 80-200 of the profile&#x27;s 0-200 (starts late)." in text
@@ -366,8 +366,8 @@ def test_run_colours_are_stable_across_reports(tmp_path: Path) -> None:
 def test_validation_samples_and_sandbox_layers_reach_the_report(tmp_path: Path) -> None:
     import json
 
-    from rlbench.runner import evaluate_runs
-    from rlbench.suite import load_suite
+    from rlbench.run.runner import evaluate_runs
+    from rlbench.suites.suite import load_suite
     from trainer.components.val_samples import write_samples
 
     suite = load_suite(Path(__file__).resolve().parents[2] / "suites" / "verl_geo3k_qwen35_35b_a3b_moe_gfx950.yaml")

@@ -1,12 +1,12 @@
-"""rlbench/selftest.py without training: which checks a truncated run settles, caught-by and false alarms."""
+"""rlbench/selftest/run.py without training: which checks a truncated run settles, caught-by and false alarms."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from rlbench.mutations import MUTATIONS
-from rlbench.runner import find_suite
-from rlbench.selftest import DEFAULT_SUITE, Job, exit_code, markdown, prefix_checks, summarize
+from rlbench.run.runner import find_suite
+from rlbench.selftest.mutations import MUTATIONS
+from rlbench.selftest.run import DEFAULT_SUITE, Job, exit_code, markdown, prefix_checks, summarize
 
 
 def test_prefix_checks_keep_only_what_the_first_steps_settle():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.suite import load_suite
+from rlbench.suites.suite import load_suite
 from trainer.errors import ConfigError
 
 BAD = Path(__file__).resolve().parent / "data" / "bad_suites"

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rlbench.suite import discover_suites, load_suite
+from rlbench.suites.suite import discover_suites, load_suite
 from trainer.config import load_config
 from trainer.errors import ConfigError
 

@@ -19,8 +19,8 @@ import pandas as pd
 import pytest
 import torch
 
-from rlbench.checks import check_metric
-from rlbench.runner import find_suite
+from rlbench.checks.evaluate import check_metric
+from rlbench.run.runner import find_suite
 from tests.helpers.batches import unequal_lengths_batch
 from trainer.config import ModelConfig
 from trainer.models.loading import load_model_and_tokenizer

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rlbench.suite import deep_merge, expand_env, load_suite, profile_unmet_requirements
+from rlbench.suites.suite import deep_merge, expand_env, load_suite, profile_unmet_requirements
 from trainer.errors import ConfigError
 
 SUITE = {

@@ -382,7 +382,7 @@ def collect_env(
     """Everything a report needs to say where a number came from, as a JSON-ready dict."""
     facts = probe_device_facts() if facts is None else facts
     environ = os.environ if environ is None else environ
-    repo_root = Path(__file__).resolve().parents[1] if repo_root is None else repo_root
+    repo_root = Path(__file__).resolve().parents[2] if repo_root is None else repo_root
     backend = facts.backend
     return {
         "arch": detect_arch(facts),

@@ -1,13 +1,13 @@
 """A log file's lines read in bounded memory, and the warnings about its sequence of steps.
 
-    from rlbench.log_lines import read_lines, step_order_warnings
+    from rlbench.ingest.log_lines import read_lines, step_order_warnings
     lines, oversize = read_lines(path)          # oversize: [(line number, bytes)] of skipped lines
     warnings = step_order_warnings(seen)        # seen: [(step, line[, family])] in file order
 
 `read_lines` refuses a binary file (NUL bytes in its first 8 kB) and reads each line with at most
 `MAX_LINE_BYTES + 1` bytes at a time: a longer line is skipped in 1 MiB chunks, kept as "" and
 reported, so a 29 MB one-line file costs a disk read and no memory (tests/benchmarks/bench_ingest.py
-measures it). `rlbench.ingest` refuses such a line in JSON logs and warns about it in console logs.
+measures it). `rlbench.ingest.load` refuses such a line in JSON logs and warns about it in console logs.
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ A suite says what was published (source, device, configuration), how to replay i
 scales (profiles `full`, `mini`, `cpu`; optionally `cpu-vllm`, the cpu scale with the real vLLM
 engine, and `cpu-vlm`, the cpu scale on images with a tiny vision-language model, which a suite
 may define), and what a replay must show (references, evaluated by
-`rlbench.checks`). Load one and resolve the trainer config of one profile and mode:
+`rlbench.checks.evaluate`). Load one and resolve the trainer config of one profile and mode:
 
-    from rlbench.suite import load_suite
+    from rlbench.suites.suite import load_suite
     suite = load_suite("suites/verl_grpo_qwen3_8b_sglang_gfx950.yaml")
     cfg = suite.resolve_trainer_config("cpu", "colocated")   # dict in the trainer's vocabulary
 
@@ -19,7 +19,7 @@ Layout of a suite file (every mapping rejects unknown keys):
                overrides}}
     profiles: {full|mini|cpu|cpu-vllm|cpu-vlm: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
                overrides, env, steps, seeds}}
-    references: [see rlbench/checks.py for the statistics and comparisons]
+    references: [see rlbench/checks/evaluate.py for the statistics and comparisons]
 
 Resolution order of a trainer config: `trainer` <- the mode's `overrides` <- the profile's
 `overrides` (deep merges: mappings merge, other values replace) <- mode knobs (`trainer.mode`,
@@ -60,7 +60,7 @@ PROFILE_NAMES: tuple[str, ...] = get_args(ProfileName)
 MODE_NAMES: tuple[str, ...] = get_args(ModeName)
 EngineName = Literal["hf", "static", "vllm", "sglang"]  # trainer/config.py rollout.engine
 
-# Statistics of one metric series (computed in rlbench/checks.py).
+# Statistics of one metric series (computed in rlbench/checks/evaluate.py).
 Stat = Literal[
     "peak", "max", "min", "final", "first", "mean", "median", "mean_last", "mean_first",
     "delta", "slope", "steps_to_reach", "no_nan",
@@ -144,7 +144,7 @@ class Profiles(_Strict):
 
 
 class GoldenStat(_Strict):
-    """One statistic recorded into a golden file (see rlbench/golden.py)."""
+    """One statistic recorded into a golden file (see rlbench/checks/golden.py)."""
 
     metric: str
     stat: Stat

@@ -1,14 +1,14 @@
 """What `rlbench check` checks against: the arch (`--arch`, validated, or defaulted and said), the
 profile (`--profile`, or guessed from the logs' shape and said), and the logs read once.
 
-    from rlbench.check_inputs import check_arch, check_profile, validate_arch
+    from rlbench.checks.inputs import check_arch, check_profile, validate_arch
     validate_arch("gfx999")                     # ConfigError listing the known arches
     profile = check_profile(args, suite, logs)  # notes and mismatch warnings on stderr
 
 Known arches: cpu, those of the device table (trainer/platform/env.py), of the suite (published and
 reference arches) and this machine's. Defaults: the full profile checks as the published arch;
 the cpu profile on a CPU-only machine as cpu; mini needs `--arch`. Profile guessing is
-rlbench/profile_guess.py; without a single match the published profile (full) is used, and said.
+rlbench/suites/profile_guess.py; without a single match the published profile (full) is used, and said.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import argparse
 import sys
 from typing import Any
 
-from rlbench.suite import Suite
+from rlbench.suites.suite import Suite
 from trainer.errors import ConfigError
 
 
 def known_arches(suite: Suite | None = None, detected: str | None = None) -> list[str]:
     """Arches `--arch` accepts: cpu, the device table's, the suites' and this machine's."""
-    from rlbench.runner import ARCH_DEVICES
+    from rlbench.run.runner import ARCH_DEVICES
     from trainer.platform.env import KNOWN_DEVICES
 
     out = {"cpu", *ARCH_DEVICES, *(d.arch for d in KNOWN_DEVICES.values())}
@@ -68,7 +68,7 @@ def check_arch(args: argparse.Namespace, suite: Suite, profile: str) -> str:
 
 def read_logs(args: argparse.Namespace) -> dict[str, Any]:
     """Every log named on the command line, read once: path -> MetricLog."""
-    from rlbench.ingest import load_metrics
+    from rlbench.ingest.load import load_metrics
 
     paths = list(args.logs) + [item.partition("=")[2] for item in args.run or [] if "=" in item]
     logs = {}
@@ -80,7 +80,7 @@ def read_logs(args: argparse.Namespace) -> dict[str, Any]:
 
 def check_profile(args: argparse.Namespace, suite: Suite, logs: dict[str, Any]) -> str:
     """`--profile`, or the one the logs' shape matches (said on stderr); warns on a plain mismatch."""
-    from rlbench.profile_guess import guess_profile, shape_mismatch
+    from rlbench.suites.profile_guess import guess_profile, shape_mismatch
 
     if args.profile is not None:
         for p, log in logs.items():

@@ -1,7 +1,7 @@
 """What a report says first: which checks compared against the articles, which against golden or
 sanity values, which could not run here and why; the verdict rows in reading order.
 
-    from rlbench.report_summary import Tally, headline_html, verdict_rows_html
+    from rlbench.report.summary import Tally, headline_html, verdict_rows_html
     tally = Tally.of(results)               # classified and counted results
     tally.published_evaluated               # how many published references were compared here
 
@@ -11,7 +11,7 @@ Every result is classified by what it compares against:
 - `golden`: values this project recorded per arch (`scope == "golden"`, check ids `golden:...`);
 - `sanity`: the project's own mechanics checks (`source` starting with `rlbench:`).
 
-and by status: `pass`, `fail`, `error`, `skip`, or any other verdict a newer `rlbench.checks`
+and by status: `pass`, `fail`, `error`, `skip`, or any other verdict a newer `rlbench.checks.evaluate`
 may return (e.g. a check whose metric, steps or window are missing from the log): those are
 "not evaluated", listed with their reason next to the skips and never counted as a pass.
 
@@ -30,13 +30,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from rlbench.results import CheckResult
+from rlbench.checks.results import CheckResult
 
 KINDS = ("published", "golden", "sanity")
 KIND_LABEL = {"published": "published reference", "golden": "golden value", "sanity": "sanity check"}
 _SKIP_RE = re.compile(r":\s*(?:SKIP|NOT[ _]EVALUATED)\s*\((.*)\)\s*$", re.IGNORECASE | re.DOTALL)
 _OTHER_PROFILE_RE = re.compile(r"^applies to profile ")
-_RANK = {"fail": 0, "error": 2, "pass": 3}  # anything else (not evaluated) ranks 1, as in rlbench.results
+_RANK = {"fail": 0, "error": 2, "pass": 3}  # anything else (not evaluated) ranks 1, as in rlbench.checks.results
 
 
 def _e(value: Any) -> str:

@@ -1,6 +1,6 @@
 """What part of a run a log covers, and which statistics that part can support.
 
-    from rlbench.coverage import Coverage
+    from rlbench.checks.coverage import Coverage
     cov = Coverage.of(frame, steps=200)        # frame: step-indexed metrics of one run
     cov.note()                                 # "log has steps 80-200 of the profile's 0/1-200 (starts late)"
     cov.missing_for("mean_first", None)        # "mean_first needs the run's start; the log starts at step 80, ..."
@@ -10,7 +10,7 @@ to the profile's `steps`. `first`/`mean_first` read the start, `final`/`mean_las
 other statistic (and `steps_to_reach`'s count) its whole window; a windowed statistic needs the
 window's steps. `conclusive_on_partial` says which verdicts more steps could not change (a peak
 >= bound already reached; a band already left; a non-finite value already seen): those stand on
-a partial log, every other verdict there becomes `not_evaluated` (rlbench/checks.py).
+a partial log, every other verdict there becomes `not_evaluated` (rlbench/checks/evaluate.py).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from rlbench.results import CheckResult
-from rlbench.suite import Reference
+from rlbench.checks.results import CheckResult
+from rlbench.suites.suite import Reference
 
 _START_STATS = ("first", "mean_first")
 _END_STATS = ("final", "mean_last")

@@ -1,6 +1,6 @@
 """Drive trainer runs for one suite x profile and write its run folder; shared by the CLI and pytest.
 
-    from rlbench.runner import run_profile
+    from rlbench.run.runner import run_profile
     outcome = run_profile(suite, "cpu", out="runs", arch="cpu", seeds=1)
     outcome.verdict            # "pass" | "fail" | "error" | "skip"
     outcome.report             # runs/<suite>/cpu/report.html
@@ -41,17 +41,17 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from rlbench.checks import evaluate, profile_engines
-from rlbench.ingest import load_metrics
-from rlbench.report import ReportSection, overall_verdict, render_report, render_session_report
-from rlbench.report_summary import counts_text
-from rlbench.results import CheckResult
-from rlbench.run_progress import MetricsTail
-from rlbench.suite import Suite, load_suite, profile_unmet_requirements
+from rlbench.checks.evaluate import evaluate, profile_engines
+from rlbench.checks.results import CheckResult
+from rlbench.ingest.load import load_metrics
+from rlbench.report.html import ReportSection, overall_verdict, render_report, render_session_report
+from rlbench.report.summary import counts_text
+from rlbench.run.progress import MetricsTail
+from rlbench.suites.suite import Suite, load_suite, profile_unmet_requirements
 from trainer.config import apply_overrides
 from trainer.errors import ConfigError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 # What to run on, by arch, for the message of a contradicting --arch.
 ARCH_DEVICES = {"gfx942": "an MI300X/MI325X", "gfx950": "an MI350X/MI355X", "sm_90": "an H100/H200/H20",
                 "sm_80": "an A100"}
@@ -176,7 +176,7 @@ def train_profile(suite: Suite, profile: str, out: str | Path, *, seeds: list[in
     """Train every (seed, mode) of a profile; returns where each metrics.jsonl is.
 
     While a run trains, `status` gets a progress line per new step (step k/N, s/step, score), at
-    most one per `progress_every_s` seconds plus the last step (rlbench/run_progress.py).
+    most one per `progress_every_s` seconds plus the last step (rlbench/run/progress.py).
     """
     from trainer.api import train
     from trainer.config import load_config

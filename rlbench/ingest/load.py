@@ -1,6 +1,6 @@
 """Read a training log (verl, Miles, or the trainer's own) into one step x metric table.
 
-    from rlbench.ingest import load_metrics
+    from rlbench.ingest.load import load_metrics
     log = load_metrics("run/metrics.jsonl")          # format detected from the content
     log.frame["actor/ppo_kl"]                          # float series indexed by step
 
@@ -12,13 +12,13 @@ Formats (`fmt=`):
 - `verl-console`: verl's console logger, `step:12 - actor/ppo_kl:0.001 - ...`, with numpy/torch
   reprs (`np.float64(0.5)`, `tensor(0.5)`), Ray prefixes (`(TaskRunner pid=1) step:1 - ...`) and
   unrelated lines in between (ignored); step lines broken across physical lines at any width,
-  or printed one item per line, are reassembled (`rlbench.console_logs`).
+  or printed one item per line, are reassembled (`rlbench.ingest.console_logs`).
 - `miles-jsonl`: one dict per line with Miles names and a step key (`rollout/step`,
   `train/step`, `eval/step` or `step`).
 - `miles-console`: Miles' logger lines `perf 3: {...}`, `eval 3: {...}`, `step 3: {...}` (Python
   dict reprs; `[actor-]step N` for the trainer), the dict possibly wrapped over several lines.
 
-All names are mapped onto verl's vocabulary (`rlbench.vocab`). Values that are not numbers
+All names are mapped onto verl's vocabulary (`rlbench.ingest.vocab`). Values that are not numbers
 (strings, lists) are dropped; booleans become 0/1. A truncated last JSON line (a run killed
 mid-write) is ignored and reported in `MetricLog.warnings`, and so is a console record cut
 mid-value; a malformed JSON line elsewhere is a `DataError` naming the file and line.
@@ -44,9 +44,9 @@ try:  # optional speed-up: orjson parses a 10,000-step log ~5x faster than json
 except ImportError:  # pragma: no cover - depends on the environment
     _orjson = None
 
-from rlbench.console_logs import parse_scalar, read_miles_console, read_verl_console
-from rlbench.log_lines import MAX_LINE_BYTES, drop_negative_steps, mb, read_lines, step_order_warnings
-from rlbench.vocab import STEP_KEYS, accuracy_twin, canonical_name_and_scale
+from rlbench.ingest.console_logs import parse_scalar, read_miles_console, read_verl_console
+from rlbench.ingest.log_lines import MAX_LINE_BYTES, drop_negative_steps, mb, read_lines, step_order_warnings
+from rlbench.ingest.vocab import STEP_KEYS, accuracy_twin, canonical_name_and_scale
 from trainer.errors import ConfigError, DataError
 
 FORMATS: tuple[str, ...] = ("verl-jsonl", "verl-console", "miles-jsonl", "miles-console", "rlbench")
@@ -87,7 +87,7 @@ class MetricLog:
             known = ", ".join(sorted(self.frame.columns)[:8])
             raise DataError(
                 f"{self.path}: metric {metric!r} is not in the log; it has {len(self.frame.columns)} "
-                f"metrics ({known}, ...): check the metric name against rlbench.vocab"
+                f"metrics ({known}, ...): check the metric name against rlbench.ingest.vocab"
             )
         return self.frame[metric].dropna()
 
@@ -270,7 +270,7 @@ def detect_format(lines: list[str], path: Path) -> str:
             break
     raise DataError(
         f"{path}: no recognizable metrics found; accepted formats are {', '.join(FORMATS)} "
-        "(see rlbench.ingest); pass fmt= if detection is wrong"
+        "(see rlbench.ingest.load); pass fmt= if detection is wrong"
     )
 
 

@@ -1,6 +1,6 @@
 """Self-contained HTML parity report: verdicts, curves against references, step time, environment.
 
-    from rlbench.report import render_report
+    from rlbench.report.html import render_report
     render_report("report.html", title="verl GRPO Qwen3-8B (mini)", runs={"colocated": frame},
                   results=results, env=env, provenance=prov, suite_meta=meta)
 
@@ -8,7 +8,7 @@ One file that opens offline: plotly.js is embedded once in the page head and eve
 `<div class="rlbench-chart">` drawn by `Plotly.newPlot` from JSON; the common plotly template is
 embedded once too, so a chart costs only its data. The pieces, per suite x profile section:
 
-- headline (rlbench/report_summary.py): how many published references (read off the articles)
+- headline (rlbench/report/summary.py): how many published references (read off the articles)
   were compared here, how many golden values and sanity checks, and what could not be compared
   and why (references of other profiles, device- or arch-scoped ones, checks not evaluated); the
   badge is green PASS only when a published reference was compared and nothing failed;
@@ -19,7 +19,7 @@ embedded once too, so a chart costs only its data. The pieces, per suite x profi
   (against `suite_meta["steps"]`);
 - validation accuracy (every `val-core/.../acc/...` metric), drawn whether a check reads it or
   not; then the curve of every other metric an evaluated check reads, with its band and a line
-  per check (rlbench/report_charts.py); skipped checks get no chart;
+  per check (rlbench/report/charts.py); skipped checks get no chart;
 - validation samples: each run's answers at its last sampled validation step, with the images
   the model saw (`samples/step_K.jsonl` of `trainer.log_val_generations`, trainer/components/val_samples.py);
 - step-time partition and throughput (tok/s/GPU, or tok/s on a CPU run): bars only when a timing
@@ -46,7 +46,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 from plotly.utils import PlotlyJSONEncoder
 
-from rlbench.report_charts import (
+from rlbench.checks.results import CheckResult
+from rlbench.report.charts import (
     TEMPLATE,
     TIMING_PREFIXES,
     Charts,
@@ -63,8 +64,7 @@ from rlbench.report_charts import (
     throughput_table,
     validation_metrics,
 )
-from rlbench.report_summary import Tally, badge, counts_text, headline_html, status_of, verdict_rows_html
-from rlbench.results import CheckResult
+from rlbench.report.summary import Tally, badge, counts_text, headline_html, status_of, verdict_rows_html
 
 __all__ = ["ReportSection", "UnrunProfile", "actual_text", "downsample", "overall_verdict", "partition_table",
            "render_report", "render_session_report", "runs_table", "throughput_table"]

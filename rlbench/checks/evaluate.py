@@ -1,7 +1,7 @@
 """Evaluate a suite's references against metrics frames: statistics, comparisons, scopes.
 
 A run is a pandas DataFrame indexed by `step` with one column per metric (NaN where a step
-lacks the metric), as produced by `rlbench.ingest`. A check takes one statistic of one metric
+lacks the metric), as produced by `rlbench.ingest.load`. A check takes one statistic of one metric
 series, restricted to an inclusive step window `[a, b]` when given, and compares it:
 
     statistics (NaN steps dropped first)
@@ -36,7 +36,7 @@ other arches only with `cross_arch_tol`, which replaces `tol`; a reference with 
 only on runs whose rollout engine it lists (`engines`: mode -> rollout.engine of that run; e.g.
 a weight-sync check that reads the engine's parameters, which vLLM keeps in its own process),
 and a run on another engine is skipped with the reference's `engines.why`. Golden references are checked
-by `rlbench.golden`. All work is vectorized per series: no Python loop over steps.
+by `rlbench.checks.golden`. All work is vectorized per series: no Python loop over steps.
 """
 
 from __future__ import annotations
@@ -50,10 +50,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from rlbench.coverage import Coverage, conclusive_on_partial, needs_note, not_evaluated_result, with_coverage
-from rlbench.results import CheckResult
-from rlbench.suite import Reference, Suite
-from rlbench.vocab import accuracy_twin
+from rlbench.checks.coverage import (
+    Coverage,
+    conclusive_on_partial,
+    needs_note,
+    not_evaluated_result,
+    with_coverage,
+)
+from rlbench.checks.results import CheckResult
+from rlbench.ingest.vocab import accuracy_twin
+from rlbench.suites.suite import Reference, Suite
 
 
 # ---------------------------------------------------------------------------- statistics
@@ -243,7 +249,7 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
     for ref in suite.references:
         reason, tol = skip_reason(suite, ref, profile, arch, device_name)
         if ref.kind == "golden":
-            from rlbench.golden import check_golden
+            from rlbench.checks.golden import check_golden
 
             if reason:
                 results.append(skipped(ref, reason, "golden"))

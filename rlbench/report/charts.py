@@ -1,6 +1,6 @@
-"""Charts and timing tables of the parity report (rlbench/report.py), as plotly figures and HTML.
+"""Charts and timing tables of the parity report (rlbench/report/html.py), as plotly figures and HTML.
 
-    from rlbench.report_charts import downsample, partition_table, throughput_table
+    from rlbench.report.charts import downsample, partition_table, throughput_table
     partition_table({"colocated": frame})     # mean seconds per phase per run
 
 - `metric_chart`: a metric's curve per run (step on x) with each evaluated check's reference value
@@ -30,8 +30,8 @@ import pandas as pd
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from rlbench.report_summary import badge, expected_text, status_of
-from rlbench.results import CheckResult
+from rlbench.checks.results import CheckResult
+from rlbench.report.summary import badge, expected_text, status_of
 
 MAX_POINTS = 2000  # per trace, after downsampling
 PHASES: tuple[tuple[str, str], ...] = (

@@ -1,6 +1,6 @@
 """Console logs of verl and Miles, reassembled from their structure when lines were broken.
 
-    from rlbench.console_logs import read_verl_console, read_miles_console
+    from rlbench.ingest.console_logs import read_verl_console, read_miles_console
     rows = read_verl_console(lines, warnings)     # {step: {raw name: value}}
 
 Terminals, log collectors and copy-paste break long lines at any width, and some runs print one

@@ -5,7 +5,7 @@ target text must occur exactly once in that file, or `apply_mutation` raises nam
 and the file: when the code a mutation targets moves or changes, the selftest fails loudly
 instead of silently running an unmutated trainer.
 
-    from rlbench.mutations import MUTATIONS, copy_trainer, apply_mutation
+    from rlbench.selftest.mutations import MUTATIONS, copy_trainer, apply_mutation
     root = copy_trainer(Path(tmp))                 # tmp/trainer: a copy of the package
     apply_mutation(MUTATIONS["grpo_no_group_mean"], root)
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from trainer.errors import RLBenchError
 
-TRAINER_DIR = Path(__file__).resolve().parents[1] / "trainer"
+TRAINER_DIR = Path(__file__).resolve().parents[2] / "trainer"
 AREAS = ("algorithm", "rollout", "sync", "data", "reward")
 
 
@@ -106,18 +106,18 @@ _M = [
              '        if target.data_ptr() != tensor.data_ptr() and "embed" not in name:\n',
              "the weight sync skips the (tied) embedding matrix",
              "training/weight_sync_max_abs_diff"),
-    Mutation("response_mask_shifted", "data", "batch.py",
+    Mutation("response_mask_shifted", "data", "components/batch.py",
              "            response_mask[i, :len(resp)] = 1.0 if m is None",
              "            response_mask[i, 1:len(resp) + 1] = 1.0 if m is None",
              "response mask off by one token (skips the first response token, covers one pad token)",
              "training/rollout_probs_diff_max"),
-    Mutation("ground_truth_shifted", "data", "steps.py",
+    Mutation("ground_truth_shifted", "data", "modes/steps.py",
              'batch.meta = {k: [items[g][k] for g in rollout.group_index] for k in ("data_source", "ground_truth",',
              'batch.meta = {k: [items[(g + (k == "ground_truth")) % len(items)][k] for g in rollout.group_index] '
              'for k in ("data_source", "ground_truth",',
              "each response is scored against the ground truth of the next prompt",
              "val-core acc at step 0, critic/score/mean (golden, learning)"),
-    Mutation("reward_negated", "reward", "steps.py",
+    Mutation("reward_negated", "reward", "modes/steps.py",
              "    scores = torch.tensor([r.score for r in results], dtype=torch.float32)\n",
              "    scores = torch.tensor([-r.score for r in results], dtype=torch.float32)\n",
              "the reward with the wrong sign (-1 for a right answer)",
@@ -164,13 +164,13 @@ def apply_mutation(mutation: Mutation, root: Path) -> None:
     path = root / "trainer" / mutation.file
     if not path.is_file():
         raise MutationError(f"mutation {mutation.name}: trainer/{mutation.file} does not exist; update "
-                            "rlbench/mutations.py to the file's new place")
+                            "rlbench/selftest/mutations.py to the file's new place")
     text = path.read_text()
     count = text.count(mutation.old)
     if count != 1:
         raise MutationError(f"mutation {mutation.name}: its target text occurs {count} times in "
                             f"trainer/{mutation.file} (must be exactly once): the code moved or changed; "
-                            f"update the mutation's `old` text in rlbench/mutations.py ({mutation.old.strip()[:60]!r})")
+                            f"update the mutation's `old` text in rlbench/selftest/mutations.py ({mutation.old.strip()[:60]!r})")
     path.write_text(text.replace(mutation.old, mutation.new))
 
 

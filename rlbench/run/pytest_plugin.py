@@ -12,8 +12,8 @@ suite, profile or metric. Only the references that list a profile become its ite
 
 - One training run per suite x profile (every mode it runs, the profile's first seed), started
   lazily by the first item that needs it and shared by the profile's other items; its run
-  folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/runner.py). A status line per
-  phase and a progress line per run (step k/N, s/step, score; rlbench/run_progress.py) go to the
+  folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/run/runner.py). A status line per
+  phase and a progress line per run (step k/N, s/step, score; rlbench/run/progress.py) go to the
   terminal (the trainer's own progress bar is captured by pytest; `-s` shows it).
 - `--profile` (full | mini | cpu | cpu-vllm | cpu-vlm, comma-separated; default: all; cpu-vllm and cpu-vlm are optional,
   collected only from the suites that define it): a profile that this
@@ -23,7 +23,7 @@ suite, profile or metric. Only the references that list a profile become its ite
   start (`pytest.UsageError`); `--arch cpu` is accepted anywhere and means "CPU only".
 - `--rlbench-logs DIR` checks logs of runs made elsewhere instead of training: per suite and
   profile, `<DIR>/<suite_id>/<profile>/<mode>.jsonl` or `<mode>/metrics.jsonl` (so a previous
-  `--rlbench-out` folder works), any format `rlbench.ingest` reads. `--arch` then names the arch
+  `--rlbench-out` folder works), any format `rlbench.ingest.load` reads. `--arch` then names the arch
   the logs came from and is not compared to this machine; `--rlbench-device` names the board.
   A mode without a log has its checks skipped; a profile without any log, all of its items.
 - Verdicts: pass -> pass; fail, error and not_evaluated (the log lacks the metric or steps the
@@ -53,10 +53,10 @@ from typing import Any
 
 import pytest
 
-from rlbench.golden import stat_key
-from rlbench.report import ReportSection, UnrunProfile, render_session_report
-from rlbench.results import CheckResult
-from rlbench.suite import PROFILE_NAMES, Reference, Suite, load_suite, profile_unmet_requirements
+from rlbench.checks.golden import stat_key
+from rlbench.checks.results import CheckResult
+from rlbench.report.html import ReportSection, UnrunProfile, render_session_report
+from rlbench.suites.suite import PROFILE_NAMES, Reference, Suite, load_suite, profile_unmet_requirements
 from trainer.errors import RLBenchError
 
 __all__ = [
@@ -148,8 +148,8 @@ class RLBenchState:
         return self.runs[key]
 
     def _run(self, suite: Suite, profile: str) -> _ProfileRun:
-        from rlbench.ingest import load_metrics
-        from rlbench.runner import evaluate_runs, provenance, seed_list, train_profile
+        from rlbench.ingest.load import load_metrics
+        from rlbench.run.runner import evaluate_runs, provenance, seed_list, train_profile
 
         seeds = seed_list(suite, profile, 1)
         try:
@@ -221,7 +221,7 @@ def pytest_configure(config: pytest.Config) -> None:
         state.device_name = config.getoption("--rlbench-device") or ""
         state.env = {"arch": state.arch, "device_name": state.device_name, "logs": str(state.logs)}
     else:
-        from rlbench.runner import arch_mismatch, machine_info
+        from rlbench.run.runner import arch_mismatch, machine_info
 
         env = _detect()
         detected = str(env.get("arch") or "cpu")
@@ -255,7 +255,7 @@ def _detect() -> dict[str, Any]:
 
 # ---------------------------------------------------------------------------- collection
 def expected_check_ids(suite: Suite, profile: str, ref: Reference) -> list[str]:
-    """The check ids `rlbench.checks.evaluate` gives `ref`'s results on `profile` (none if it does not apply)."""
+    """The check ids `rlbench.checks.evaluate.evaluate` gives `ref`'s results on `profile` (none if it does not apply)."""
     if profile not in ref.profiles:
         return []
     prof_modes = suite.profile(profile).modes

@@ -1,6 +1,6 @@
 """Which profile of a suite a log was run with, from the log's shape; and when a log plainly does not match.
 
-    from rlbench.profile_guess import guess_profile, shape_mismatch
+    from rlbench.suites.profile_guess import guess_profile, shape_mismatch
     profile, why = guess_profile(suite, frame)          # ("cpu", "8 steps, 32 sequences per step, ...") or (None, why)
     warning = shape_mismatch(suite, "full", frame)      # None, or one line naming what differs
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from rlbench.suite import Suite
+from rlbench.suites.suite import Suite
 
 
 @dataclass(frozen=True)

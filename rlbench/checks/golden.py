@@ -3,7 +3,7 @@
 Published numbers exist only for the full-scale runs. For the scaled-down profiles the
 project records its own references, the way Megatron-LM's functional tests keep
 `golden_values_{env}_{platform}.json`: run the profile over N seeds, compute each statistic a
-suite's `golden` reference lists (see `GoldenStat` in rlbench/suite.py) on every seed, and store
+suite's `golden` reference lists (see `GoldenStat` in rlbench/suites/suite.py) on every seed, and store
 
     mean_i  = (1/N) sum_s x_{i,s}
     tol_i   = max(safety_factor * max_s |x_{i,s} - mean_i|, floor_abs, floor_rel * |mean_i|)
@@ -27,9 +27,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rlbench.checks import check_metric, compute_stat, missing_metric, skipped, stat_label
-from rlbench.results import CheckResult
-from rlbench.suite import GoldenStat, Reference, Suite
+from rlbench.checks.evaluate import check_metric, compute_stat, missing_metric, skipped, stat_label
+from rlbench.checks.results import CheckResult
+from rlbench.suites.suite import GoldenStat, Reference, Suite
 from trainer.errors import ConfigError, DataError
 
 DEFAULT_SAFETY_FACTOR = 3.0

@@ -1,6 +1,6 @@
 """Progress lines of a training run that the suite runner starts: step k/N, s/step, current score.
 
-    from rlbench.run_progress import MetricsTail
+    from rlbench.run.progress import MetricsTail
     with MetricsTail(out_dir / "metrics.jsonl", total=8, label="suite [cpu] colocated", status=print):
         train(cfg)
     # suite [cpu] colocated: step 3/8, 19.2 s/step, score 0.412, val acc 0.59, ~1.6 min left

@@ -5,10 +5,10 @@
     rlbench selftest --tiny --mutations ... --set trainer.total_steps=3   # tiny random model, mechanics checks only
 
 For each job -- one clean run per `--clean-seeds` seed, one run per mutation at `--mutation-seed`
--- the `trainer` package is copied to a temporary folder, the mutation (rlbench/mutations.py) is
+-- the `trainer` package is copied to a temporary folder, the mutation (rlbench/selftest/mutations.py) is
 applied there by exact-match replace (a target that moved fails the selftest), and the suite
 profile's resolved trainer config is trained by `python -m trainer` in a subprocess that imports
-the scratch copy (checked). The suite's checks (rlbench/checks.py, golden values included) are
+the scratch copy (checked). The suite's checks (rlbench/checks/evaluate.py, golden values included) are
 evaluated on each run's metrics. A mutation is *caught* by a check that fails (or cannot be
 computed) on it; a check that fails on a clean run is a *false alarm*. Clean seeds should lie
 outside the seeds the golden values were recorded from, so that the golden bands are tested on
@@ -51,9 +51,10 @@ from typing import Any
 
 import yaml
 
-from rlbench.checks import evaluate
-from rlbench.ingest import load_metrics
-from rlbench.mutations import (
+from rlbench.checks.evaluate import evaluate
+from rlbench.ingest.load import load_metrics
+from rlbench.run.runner import PROJECT_ROOT, resolved_config
+from rlbench.selftest.mutations import (
     DEFAULT_MUTATIONS,
     MUTATIONS,
     Mutation,
@@ -61,8 +62,7 @@ from rlbench.mutations import (
     copy_trainer,
     trainer_digest,
 )
-from rlbench.runner import PROJECT_ROOT, resolved_config
-from rlbench.suite import Suite
+from rlbench.suites.suite import Suite
 from trainer.errors import ConfigError
 
 DEFAULT_SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
