@@ -1,6 +1,6 @@
 """Run 5 record: the static engine eager vs `compile_decode` on a Qwen2.5-0.5B-shaped random bf16 model, batch 16,
 512 greedy steps: ms per decode step and kernels in one (non-graph) decode step. Run on one H200 from the repo root:
-`PYTHONPATH=. python3 reports/sm90/run5/decode_kernels.py` (its output was read from the console, not saved)."""
+`PYTHONPATH=. python3 tools/sm90/run5/decode_kernels.py` (its output was read from the console, not saved)."""
 import time
 
 import torch

@@ -1,6 +1,6 @@
 """GPU machine: the single-process colocated loop with `actor.strategy: megatron` on a tiny random-init MoE.
 
-    python3 reports/sm90/megatron_loop_gpu.py --out $OUT/loop
+    python3 tools/sm90/megatron_loop_gpu.py --out $OUT/loop
 
 For `model.dtype` float32 and bfloat16 (tiny:qwen3_moe, router load-balancing loss 0.01, hf engine,
 `trainer.device: cuda`, `actor.megatron.optimizer: auto`): which optimizer the actor the loop builds holds

@@ -20,8 +20,8 @@ log() { grep --line-buffered -v -i "warn\|Writing model shards" | tee -a $OUT/lo
 } 2>&1 | log
 D=reports/sm90/moe_run10
 [[ $STAGES == *" check "* ]] && timeout 200 python3 -m trainer.bench.moe_backends --check $D/reference_adam.pt,$D/reference_sgd.pt,$D/reference_adam_linear.pt --out $OUT/check.json 2>&1 | log
-[[ $STAGES == *" loop "* ]] && timeout 210 python3 reports/sm90/megatron_loop_gpu.py --out $R/loop 2>&1 | log
-[[ $STAGES == *" loop_torch "* ]] && timeout 210 python3 reports/sm90/megatron_loop_gpu.py --out $R/loop_torch \
+[[ $STAGES == *" loop "* ]] && timeout 210 python3 tools/sm90/megatron_loop_gpu.py --out $R/loop 2>&1 | log
+[[ $STAGES == *" loop_torch "* ]] && timeout 210 python3 tools/sm90/megatron_loop_gpu.py --out $R/loop_torch \
   --optimizer torch 2>&1 | log
 pack
 [[ $STAGES == *" bench "* ]] && for v in megatron fsdp2+transformers; do  # 4 layers, 8 micro-batches of 8 x 2048 tokens per optimizer step

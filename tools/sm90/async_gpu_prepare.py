@@ -2,7 +2,7 @@
 convert it once into the trainer's model cache ($RLBENCH_CACHE/models/smollm2-135m-instruct), so
 every Ray worker of call 3 loads `embedded:smollm2-135m-instruct` in a second or two.
 
-    python3 reports/sm90/async_gpu_prepare.py /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/rlcache
+    python3 tools/sm90/async_gpu_prepare.py /tmp/smol/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/rlcache
 """
 
 from __future__ import annotations

@@ -21,6 +21,6 @@ timeout $(left 120) python3 -m trainer.bench.moe_backends --check \
   $A/reference_sgd.pt,$A/reference_adam_linear.pt,$B/reference_sgd_bf16.pt,$B/reference_adam_linear_bf16.pt \
   --out $OUT/check.json 2>&1 | log
 echo "=== loop t=$SECONDS (limit $(left 280) s)" | log
-timeout $(left 280) python3 reports/sm90/megatron_loop_gpu.py --out $OUT/loop 2>&1 | log
+timeout $(left 280) python3 tools/sm90/megatron_loop_gpu.py --out $OUT/loop 2>&1 | log
 echo "=== done rc ${PIPESTATUS[0]} t=$SECONDS" | log
 rm -rf $OUT/loop/*/checkpoints 2>/dev/null; find $OUT -name '*.pt' -delete

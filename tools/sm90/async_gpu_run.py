@@ -1,6 +1,6 @@
 """GPU machine, call 3 of 3: the `mini` profile of the DAPO fully-async suite in both modes on 2 GPUs.
 
-    python3 reports/sm90/async_gpu_run.py --out $OUT --colocated-steps 15 --async-steps 60
+    python3 tools/sm90/async_gpu_run.py --out $OUT --colocated-steps 15 --async-steps 60
 
 - colocated: 2 Ray trainer workers (FSDP2 over NCCL), each with an hf engine on its own GPU;
   64 prompts x 8 per step (the profile's train_batch_size).

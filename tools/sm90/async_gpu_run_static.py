@@ -1,8 +1,8 @@
 """GPU machine: the DAPO fully-async suite's `mini` profile in both modes on 2 GPUs, static engine.
 
-    python3 reports/sm90/async_gpu_run_static.py --out $OUT              # both modes, ~8-9 min
-    python3 reports/sm90/async_gpu_run_static.py --out $OUT --quick      # fewer steps, 256 tokens, ~3 min
-    python3 reports/sm90/async_gpu_run_static.py --out /tmp/dry --device cpu   # CPU dry run, tiny model
+    python3 tools/sm90/async_gpu_run_static.py --out $OUT              # both modes, ~8-9 min
+    python3 tools/sm90/async_gpu_run_static.py --out $OUT --quick      # fewer steps, 256 tokens, ~3 min
+    python3 tools/sm90/async_gpu_run_static.py --out /tmp/dry --device cpu   # CPU dry run, tiny model
 
 Both modes use `rollout.engine: static` (static KV cache, CUDA-graph decode, bucketed batch
 shapes), whose decode step costs nearly the same at 256 and 512 rows. That is what lets one
