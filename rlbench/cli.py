@@ -33,8 +33,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rlbench.checks.inputs import check_arch, check_profile, read_logs, validate_arch
 from rlbench.checks.results import BAD_VERDICTS, CheckResult
+from rlbench.run.inputs import check_arch, check_profile, read_logs, validate_arch
 from rlbench.suites.suite import MODE_NAMES, PROFILE_NAMES, Suite, discover_suites, profile_unmet_requirements
 from trainer.errors import ConfigError, RLBenchError
 
@@ -251,7 +251,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     directory = Path(args.suites_dir) if args.suites_dir else (
         Path("suites") if Path("suites").is_dir() else PROJECT_ROOT / "suites")
     if args.arch is not None:
-        from rlbench.checks.inputs import detected_arch
+        from rlbench.run.inputs import detected_arch
 
         validate_arch(args.arch, detected=detected_arch())
     info = machine_info(args.arch)

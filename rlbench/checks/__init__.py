@@ -2,9 +2,9 @@
 
 - `results.py`   `CheckResult`, the one record every check returns
 - `coverage.py`  what part of a run a log covers, and which statistics that part can support
-- `evaluate.py`  the checks of a profile (`check_metric`, `compute_stat`, ...)
+- `metric.py`    one check of one metric series: statistics, comparisons, result records
+- `evaluate.py`  the checks of a profile: scopes, each reference through `metric.py`, golden ones through `golden.py`
 - `golden.py`    golden-value checks and their recording
-- `inputs.py`    the CLI's inputs checked before a run (arch, profile, logs)
 
-May import: `trainer.config`, `trainer.errors`, `trainer.platform.env`, `rlbench.suites`, `rlbench.ingest`.
+May import: `trainer.config`, `trainer.errors`, `rlbench.suites`, `rlbench.ingest`.
 """

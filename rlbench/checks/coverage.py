@@ -10,7 +10,7 @@ to the profile's `steps`. `first`/`mean_first` read the start, `final`/`mean_las
 other statistic (and `steps_to_reach`'s count) its whole window; a windowed statistic needs the
 window's steps. `conclusive_on_partial` says which verdicts more steps could not change (a peak
 >= bound already reached; a band already left; a non-finite value already seen): those stand on
-a partial log, every other verdict there becomes `not_evaluated` (rlbench/checks/evaluate.py).
+a partial log, every other verdict there becomes `not_evaluated` (rlbench/checks/metric.py).
 """
 
 from __future__ import annotations

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from rlbench.checks.evaluate import check_metric, compute_stat, missing_metric, skipped, stat_label
+from rlbench.checks.metric import check_metric, compute_stat, missing_metric, skipped, stat_label
 from rlbench.checks.results import CheckResult
 from rlbench.suites.suite import GoldenStat, Reference, Suite
 from trainer.errors import ConfigError, DataError

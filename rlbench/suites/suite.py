@@ -19,7 +19,7 @@ Layout of a suite file (every mapping rejects unknown keys):
                overrides}}
     profiles: {full|mini|cpu|cpu-vllm|cpu-vlm: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
                overrides, env, steps, seeds}}
-    references: [see rlbench/checks/evaluate.py for the statistics and comparisons]
+    references: [see rlbench/checks/metric.py for the statistics and comparisons]
 
 Resolution order of a trainer config: `trainer` <- the mode's `overrides` <- the profile's
 `overrides` (deep merges: mappings merge, other values replace) <- mode knobs (`trainer.mode`,
@@ -60,7 +60,7 @@ PROFILE_NAMES: tuple[str, ...] = get_args(ProfileName)
 MODE_NAMES: tuple[str, ...] = get_args(ModeName)
 EngineName = Literal["hf", "static", "vllm", "sglang"]  # trainer/config.py rollout.engine
 
-# Statistics of one metric series (computed in rlbench/checks/evaluate.py).
+# Statistics of one metric series (computed in rlbench/checks/metric.py).
 Stat = Literal[
     "peak", "max", "min", "final", "first", "mean", "median", "mean_last", "mean_first",
     "delta", "slope", "steps_to_reach", "no_nan",

@@ -4,7 +4,7 @@
     OMP_NUM_THREADS=1 python3 -m pytest tests/benchmarks/bench_report.py --benchmark-enable -q
 
 The log is a verl JSONL file-logger file (values with full float precision, as verl writes
-them) for two runs (colocated, fully_async). Checks run through `rlbench.checks.evaluate` when that
+them) for two runs (colocated, fully_async). Checks run through `rlbench.checks.metric` when that
 module is present; otherwise that part is reported as skipped.
 """
 
@@ -58,9 +58,9 @@ def write_log(path: Path, *, seed: int, step_scale: float) -> Path:
 
 
 def evaluate_checks(runs: dict[str, pd.DataFrame]) -> list[CheckResult] | None:
-    """A set of checks like a suite's, through rlbench.checks.evaluate; None when that module is missing."""
+    """A set of checks like a suite's, through rlbench.checks.metric; None when that module is missing."""
     try:
-        from rlbench.checks.evaluate import check_metric
+        from rlbench.checks.metric import check_metric
         from rlbench.suites.suite import Reference
     except ImportError:
         return None
@@ -107,7 +107,7 @@ def main(repeats: int = 5) -> dict[str, float]:
     print(f"log: {NUM_STEPS} steps x {NUM_METRICS} metrics, {size_mb:.1f} MB JSONL per run; median of {repeats}")
     print(f"ingest (one run)    : {t_ingest:.3f} s")
     if results is None:
-        print("checks              : skipped (rlbench.checks.evaluate not available)")
+        print("checks              : skipped (rlbench.checks.metric not available)")
     else:
         print(f"checks ({len(checks)} results): {t_checks:.3f} s")
     print(f"report (two runs)   : {t_report:.3f} s, {report_mb:.1f} MB HTML")
@@ -135,7 +135,7 @@ def test_bench_checks(benchmark, tmp_path: Path) -> None:  # type: ignore[no-unt
     if results is None:
         import pytest
 
-        pytest.skip("rlbench.checks.evaluate not available")
+        pytest.skip("rlbench.checks.metric not available")
     assert len(results) == 14 and all(r.verdict in ("pass", "fail") for r in results)
 
 

@@ -110,7 +110,8 @@ def _reader_report(tmp_path: Path) -> tuple[Path, Tally]:
     whose GSM8K plateaus at 0.90 (3 published references fail), a device-scoped throughput
     reference skipped, the mini/cpu checks of the suite (other profiles), and a profile that could
     not run here."""
-    from rlbench.checks.evaluate import evaluate, skipped
+    from rlbench.checks.evaluate import evaluate
+    from rlbench.checks.metric import skipped
     from rlbench.ingest.load import load_metrics
     from rlbench.suites.suite import Reference, load_suite
     from tests.helpers.verl_logs import write_qwen3_8b_grpo_log

@@ -1,4 +1,4 @@
-"""Statistics, comparisons, ratio checks, scopes and messages of rlbench.checks.evaluate, on hand-computed series."""
+"""Statistics, comparisons, ratio checks, scopes and messages of rlbench.checks.metric and rlbench.checks.evaluate, on hand-computed series."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from rlbench.checks.evaluate import compare, compute_stat, device_matches, evaluate
+from rlbench.checks.evaluate import device_matches, evaluate
+from rlbench.checks.metric import compare, compute_stat
 from rlbench.suites.suite import Suite, load_suite
 
 NAN = float("nan")

@@ -15,7 +15,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from rlbench import cli
-from rlbench.checks import inputs as check_inputs
+from rlbench.run import inputs as check_inputs
 from tests.helpers.verl_logs import qwen3_8b_grpo_steps, write_qwen3_8b_grpo_log
 
 SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"

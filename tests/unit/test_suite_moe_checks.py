@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 import torch
 
-from rlbench.checks.evaluate import check_metric
+from rlbench.checks.metric import check_metric
 from rlbench.run.runner import find_suite
 from tests.helpers.batches import unequal_lengths_batch
 from trainer.config import ModelConfig

@@ -1,7 +1,7 @@
 """What `rlbench check` checks against: the arch (`--arch`, validated, or defaulted and said), the
 profile (`--profile`, or guessed from the logs' shape and said), and the logs read once.
 
-    from rlbench.checks.inputs import check_arch, check_profile, validate_arch
+    from rlbench.run.inputs import check_arch, check_profile, validate_arch
     validate_arch("gfx999")                     # ConfigError listing the known arches
     profile = check_profile(args, suite, logs)  # notes and mismatch warnings on stderr
 
