@@ -56,6 +56,7 @@ import pytest
 from rlbench.checks.golden import stat_key
 from rlbench.checks.results import CheckResult
 from rlbench.report.html import ReportSection, UnrunProfile, render_session_report
+from rlbench.run.memory import process_rss_gb
 from rlbench.suites.suite import PROFILE_NAMES, Reference, Suite, load_suite, profile_unmet_requirements
 from trainer.errors import RLBenchError
 
@@ -96,6 +97,8 @@ class _ProfileRun:
     by_ref: list[list[CheckResult]] | None = None
     error: str | None = None  # one line: why the run or the log loading failed
     section: ReportSection | None = None
+    memory: list[CheckResult] = field(default_factory=list)  # the profile's memory items (runs made here)
+    memory_rows: list[str] = field(default_factory=list)  # one line per run for the session summary
 
 
 @dataclass
@@ -149,9 +152,18 @@ class RLBenchState:
 
     def _run(self, suite: Suite, profile: str) -> _ProfileRun:
         from rlbench.ingest.load import load_metrics
-        from rlbench.run.runner import evaluate_runs, provenance, seed_list, train_profile
+        from rlbench.run.runner import (
+            evaluate_runs,
+            memory_checks,
+            memory_line,
+            provenance,
+            seed_list,
+            train_profile,
+        )
 
         seeds = seed_list(suite, profile, 1)
+        driver_before = process_rss_gb()
+        memory: dict[str, dict[str, Any]] = {}
         try:
             if self.logs is not None:
                 paths = _log_paths(self.logs, suite, profile)
@@ -163,6 +175,7 @@ class RLBenchState:
                 trained = train_profile(suite, profile, self.out, seeds=seeds, sets=self.sets,
                                         status=self.status)
                 runs, folder = trained.frames(seeds[0]), trained.folder
+                memory = trained.memory[seeds[0]]
                 prov = provenance(suite, profile, seeds, self.env, self.sets)
             outcome = evaluate_runs(suite, profile, {seeds[0]: runs}, arch=self.arch, device_name=self.device_name,
                                     folder=folder, env=self.env, provenance=prov, ran_modes=list(runs),
@@ -173,8 +186,13 @@ class RLBenchState:
             tb = traceback.format_exc(limit=-8)
             return _ProfileRun(error=f"{suite.id} [{profile}] crashed: {type(e).__name__}: {e}\n{tb}")
         by_ref = [_per_item(suite, profile, ref, rs) for ref, rs in zip(suite.references, outcome.by_ref[seeds[0]])]
-        section = dataclasses.replace(outcome.sections[0], results=[r for rs in by_ref for r in rs])
-        return _ProfileRun(by_ref=by_ref, section=section)
+        driver = (driver_before, process_rss_gb())
+        mem = memory_checks(suite, profile, memory, driver) if self.logs is None else []
+        rows = [f"{suite.id} [{profile}] {mode}: peak {memory_line(rec)}" for mode, rec in memory.items()]
+        if self.logs is None:
+            rows.append(f"{suite.id} [{profile}]: driver {driver[0]:.2f} -> {driver[1]:.2f} GB")
+        section = dataclasses.replace(outcome.sections[0], results=[r for rs in by_ref for r in rs] + mem)
+        return _ProfileRun(by_ref=by_ref, section=section, memory=mem, memory_rows=rows)
 
 
 def _per_item(suite: Suite, profile: str, ref: Reference, results: list[CheckResult]) -> list[CheckResult]:
@@ -305,6 +323,17 @@ class SuiteProfile(pytest.Collector):
                 item.add_marker("rlbench")
                 item.add_marker(f"profile_{self.profile}")
                 yield item
+        if self.config.stash[_STATE].logs is None:  # runs trained here: their memory is measured
+            from rlbench.run.runner import memory_check_ids
+
+            for cid in memory_check_ids(self.suite, self.profile):
+                item = CheckItem.from_parent(self, name=cid, ref_index=MEMORY_ITEMS, check_id=cid)
+                item.add_marker("rlbench")
+                item.add_marker(f"profile_{self.profile}")
+                yield item
+
+
+MEMORY_ITEMS = -1  # CheckItem.ref_index of a profile's memory items (not a suite reference)
 
 
 class CheckFailed(Exception):
@@ -327,7 +356,7 @@ class CheckItem(pytest.Item):
         if run.error is not None:
             raise CheckFailed(run.error)
         assert run.by_ref is not None
-        mine = run.by_ref[self.ref_index]
+        mine = run.memory if self.ref_index == MEMORY_ITEMS else run.by_ref[self.ref_index]
         results = [r for r in mine if r.check_id == self.check_id] or mine  # e.g. one skip for all golden stats
         # fail, error and any other verdict but pass and skip (not_evaluated: the log lacks what the
         # check reads) fail the item: a check that was not evaluated is never a pass.
@@ -420,5 +449,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
         terminalreporter.write_line(f"rlbench: {total} skipped, by reason:")
         for reason, n in state.skip_reasons.most_common():
             terminalreporter.write_line(f"  {n:4d}  {reason}")
+    rows = [row for run in state.runs.values() for row in run.memory_rows]
+    if rows:
+        terminalreporter.write_line("rlbench: memory per run (peak RSS summed over its processes) and the driver's "
+                                    "resident memory before -> after each profile:")
+        for row in rows:
+            terminalreporter.write_line(f"  {row}")
     if state.report_written:
         terminalreporter.write_line(f"rlbench session report: {state.report}")

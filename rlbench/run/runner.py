@@ -41,12 +41,15 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from rlbench.run import isolated as run_isolated
 from rlbench.checks.evaluate import evaluate, profile_engines
 from rlbench.checks.results import CheckResult
 from rlbench.ingest.load import load_metrics
 from rlbench.report.html import ReportSection, overall_verdict, render_report, render_session_report
 from rlbench.report.summary import counts_text
 from rlbench.run.progress import MetricsTail
+from rlbench.run.isolated import MEMORY_FILE, require_free_memory
+from rlbench.run.memory import machine_memory_gb
 from rlbench.suites.suite import Suite, load_suite, profile_unmet_requirements
 from trainer.config import apply_overrides
 from trainer.errors import ConfigError
@@ -100,6 +103,7 @@ def machine_info(arch: str | None = None, env: dict[str, Any] | None = None) -> 
         "device_name": "cpu" if arch == "cpu" else (env.get("device_name") or ""),
         "num_gpus": 0 if arch == "cpu" else int(env.get("num_gpus") or 0),
         "packages": installed_packages(env.get("versions") or {}),
+        "memory_gb": machine_memory_gb()["total_gb"],
     }
 
 
@@ -136,6 +140,7 @@ class ProfileRuns:
     seeds: list[int]
     modes: list[str]
     metrics: dict[int, dict[str, Path]] = field(default_factory=dict)  # seed -> mode -> metrics.jsonl
+    memory: dict[int, dict[str, dict[str, Any]]] = field(default_factory=dict)  # seed -> mode -> memory record
 
     def frames(self, seed: int) -> dict[str, pd.DataFrame]:
         return {m: load_metrics(p).frame for m, p in self.metrics[seed].items()}
@@ -175,10 +180,12 @@ def train_profile(suite: Suite, profile: str, out: str | Path, *, seeds: list[in
                   status: Status = stderr_status, progress_every_s: float = 10.0) -> ProfileRuns:
     """Train every (seed, mode) of a profile; returns where each metrics.jsonl is.
 
+    Each run trains in a process of its own (rlbench/run/isolated.py), so this process keeps no memory
+    of it; its peak memory over its processes is recorded in `<run>/memory.json`. A run that cannot
+    get the profile's memory budget (`requires.memory_gb`) when it starts stops with one line first.
     While a run trains, `status` gets a progress line per new step (step k/N, s/step, score), at
     most one per `progress_every_s` seconds plus the last step (rlbench/run/progress.py).
     """
-    from trainer.api import train
     from trainer.config import load_config
 
     prof = suite.profile(profile)
@@ -193,18 +200,20 @@ def train_profile(suite: Suite, profile: str, out: str | Path, *, seeds: list[in
     several = len(seeds) > 1
     with profile_env(prof.env):
         for seed in seeds:
-            runs.metrics[seed] = {}
+            runs.metrics[seed], runs.memory[seed] = {}, {}
             for mode in modes:
                 tdir = train_dir(folder, mode, seed, several)
                 cfg = load_config(resolved_config(suite, profile, mode, seed, tdir, sets))
                 if seed == seeds[0]:
                     (folder / f"config.{mode}.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-                status(f"{suite.id} [{profile}] {mode} seed {seed}: training {cfg.trainer.total_steps} steps "
-                       f"-> {tdir}")
+                label = f"{suite.id} [{profile}] {mode} seed {seed}"
+                require_free_memory(prof.requires.memory_gb, label)
+                status(f"{label}: training {cfg.trainer.total_steps} steps -> {tdir}")
                 with MetricsTail(Path(cfg.trainer.out_dir) / "metrics.jsonl", total=cfg.trainer.total_steps,
-                                 label=f"{suite.id} [{profile}] {mode} seed {seed}", status=status,
-                                 every_s=progress_every_s):
-                    runs.metrics[seed][mode] = Path(train(cfg))
+                                 label=label, status=status, every_s=progress_every_s):
+                    done = run_isolated.train_isolated(cfg)
+                runs.metrics[seed][mode], runs.memory[seed][mode] = done.metrics, done.memory
+                status(f"{label}: peak memory {memory_line(done.memory)}")
     return runs
 
 
@@ -254,10 +263,21 @@ def latest_samples(run_dirs: dict[str, Path]) -> dict[str, list[dict[str, Any]]]
     return out
 
 
+def memory_line(record: dict[str, Any]) -> str:
+    """`12.9 GB (TrainerWorker 9.6, ...)`: a run's peak summed over its processes, the largest of them."""
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in list(record.get("peak_by_process", {}).items())[:3])
+    return f"{record['peak_rss_gb']:.1f} GB ({parts})"
+
+
 def run_env_extras(run_dirs: dict[str, Path]) -> dict[str, Any]:
-    """What a run's own env.json adds to the machine's environment: the tool sandbox's layers in force."""
+    """What a run's own files add to the machine's environment: the tool sandbox's layers in force, and
+    the run's peak memory (memory.json, written by rlbench/run/isolated.py)."""
     extras: dict[str, Any] = {}
     for mode, d in run_dirs.items():
+        try:
+            extras[f"memory ({mode})"] = json.loads((d / MEMORY_FILE).read_text())
+        except (OSError, ValueError):
+            pass
         try:
             doc = json.loads((d / "env.json").read_text())
         except (OSError, ValueError):
@@ -320,6 +340,62 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     outcome.sections = sections
     status(f"{suite.id} [{profile}]: {outcome.verdict.upper()}: {counts_text(results)} -> {report}")
     return outcome
+
+
+# How much the driver (pytest, `rlbench run`) may grow over one profile: its runs train in processes of
+# their own, so what is left is the first import of the report's libraries and the checks' frames. A run
+# made in-process left ~9.6 GB (a colocated MoE); a leak of one SmolLM2 copy is ~0.5 GB.
+DRIVER_GROWTH_BOUND_GB = 0.5
+_MEMORY_SOURCE = "rlbench: measured (rlbench/run/memory.py: RSS summed over the run's processes)"
+
+
+def peak_check_id(suite: Suite, profile: str, mode: str) -> str:
+    budget = suite.profile(profile).requires.memory_gb
+    return f"memory/peak_rss_gb<={budget:g}" + (f"[{mode}]" if len(suite.profile(profile).modes) > 1 else "")
+
+
+DRIVER_CHECK_ID = f"memory/driver_rss_growth_gb<={DRIVER_GROWTH_BOUND_GB:g}"
+
+
+def memory_check_ids(suite: Suite, profile: str) -> list[str]:
+    """The ids `memory_checks` gives (the pytest items of a profile that trains here)."""
+    peaks = ([peak_check_id(suite, profile, m) for m in suite.profile(profile).modes]
+             if suite.profile(profile).requires.memory_gb else [])
+    return [*peaks, DRIVER_CHECK_ID]
+
+
+def memory_checks(suite: Suite, profile: str, memory: dict[str, dict[str, Any]],
+                  driver_gb: tuple[float, float]) -> list[CheckResult]:
+    """The profile's memory items: each mode's peak against `requires.memory_gb` (when the profile states
+    one), and the driver's growth over the whole profile (`driver_gb` = before, after) against
+    `DRIVER_GROWTH_BOUND_GB`. A mode that did not run (no record) is `not_evaluated`, never a pass."""
+    out: list[CheckResult] = []
+    budget = suite.profile(profile).requires.memory_gb
+    modes = suite.profile(profile).modes
+    if budget:
+        for mode in modes:
+            cid = peak_check_id(suite, profile, mode)
+            rec = memory.get(mode)
+            peak = None if rec is None else float(rec["peak_rss_gb"])
+            verdict = "not_evaluated" if peak is None else ("pass" if peak <= budget else "fail")
+            msg = (f"{cid}: NOT EVALUATED (mode {mode} has no memory record)" if peak is None else
+                   f"{cid}: {verdict.upper()}: peak {memory_line(rec)} vs the profile's budget {budget:g} GB "
+                   f"(requires.memory_gb)")
+            out.append(CheckResult(check_id=cid, verdict=verdict, metric="memory/peak_rss_gb", statistic="max",
+                                   expected=f"<= {budget:g} GB", actual=peak, source=_MEMORY_SOURCE,
+                                   why="the profile must fit its budget, with headroom, on the machine it names",
+                                   message=msg, scope="device", run=mode if len(modes) > 1 else ""))
+    before, after = driver_gb
+    growth = after - before
+    cid = DRIVER_CHECK_ID
+    verdict = "pass" if growth <= DRIVER_GROWTH_BOUND_GB else "fail"
+    out.append(CheckResult(
+        check_id=cid, verdict=verdict, metric="memory/driver_rss_growth_gb", statistic="after - before",
+        expected=f"<= {DRIVER_GROWTH_BOUND_GB:g} GB", actual=round(growth, 3), source=_MEMORY_SOURCE,
+        why="each run trains in a process of its own; the driver must leave the profile as it found it",
+        message=(f"{cid}: {verdict.upper()}: the driver's resident memory went {before:.2f} -> {after:.2f} GB "
+                 f"over {suite.id} [{profile}] ({growth:+.2f} GB)"), scope="device"))
+    return out
 
 
 def logged_engines(logs: dict[str, Any]) -> dict[str, str]:

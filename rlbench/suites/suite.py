@@ -121,6 +121,10 @@ class Requires(_Strict):
     arch: list[str] = Field(default_factory=lambda: ["any"])  # accepted arches, or [any]
     packages: list[str] = Field(default_factory=list)  # distribution names, e.g. vllm, sglang
     env: dict[str, str] = Field(default_factory=dict)  # VAR -> what it must point at
+    # Peak resident memory (GB) the profile's runs may reach, summed over their processes (driver, Ray
+    # workers, engines; rlbench/run/memory.py): the machine must have this much, each run must be able to
+    # take it when it starts, and a run that goes over it fails the profile's `memory` item.
+    memory_gb: float | None = Field(default=None, gt=0)
 
 
 class Profile(_Strict):
@@ -431,7 +435,8 @@ def expand_env(obj: Any, env: Any, where: str, path: str = "") -> Any:
 def profile_unmet_requirements(suite: Suite, profile: str, env_info: dict[str, Any]) -> list[str]:
     """Human-readable reasons why `profile` cannot run here; empty when it can.
 
-    env_info: {arch, device_name, num_gpus, packages: {name: version}, env (optional, default os.environ)}.
+    env_info: {arch, device_name, num_gpus, packages: {name: version}, memory_gb (optional: total memory),
+    env (optional, default os.environ)}.
     """
     req = suite.profile(profile).requires
     reasons: list[str] = []
@@ -447,6 +452,9 @@ def profile_unmet_requirements(suite: Suite, profile: str, env_info: dict[str, A
             extra = (PACKAGE_EXTRAS_CPU if req.gpus == 0 else {}).get(pkg) or PACKAGE_EXTRAS.get(pkg)
             how = f"pip install rlbench[{extra}]" if extra else f"pip install {pkg}"
             reasons.append(f"needs {pkg} installed ({how})")
+    have_gb = env_info.get("memory_gb")
+    if req.memory_gb and have_gb is not None and float(have_gb) < req.memory_gb:
+        reasons.append(f"needs {req.memory_gb:g} GB of memory at peak (has {float(have_gb):.1f} GB)")
     env = env_info.get("env", os.environ)
     for var, what in req.env.items():
         val = env.get(var)

@@ -122,6 +122,7 @@ def test_machine_info_from_env_record() -> None:
     env = {"arch": "gfx942", "device_name": "MI300X", "num_gpus": 8,
            "versions": {"torch": "2.13.0", "vllm": None, "sglang": "0.5.3"}}
     info = runner.machine_info(None, env)
+    assert info.pop("memory_gb") > 0  # this machine's total memory, for profiles' requires.memory_gb
     assert info == {"arch": "gfx942", "device_name": "MI300X", "num_gpus": 8,
                     "packages": {"torch": "2.13.0", "sglang": "0.5.3"}}
     cpu = runner.machine_info("cpu", env)  # --arch cpu on a GPU machine: GPUs are ignored
@@ -183,11 +184,20 @@ def _fake_train(cfg) -> Path:
     return out / "metrics.jsonl"
 
 
+def _in_process(monkeypatch: pytest.MonkeyPatch, fake) -> None:
+    """The runner trains each run in a child process (rlbench/run/isolated.py); here `fake` writes the
+    run's log in this process instead, with a memory record of nothing."""
+    import rlbench.run.isolated
+
+    def train_isolated(cfg, **_: object) -> rlbench.run.isolated.Trained:
+        return rlbench.run.isolated.Trained(metrics=fake(cfg), memory={"peak_rss_gb": 0.0, "peak_by_process": {}})
+
+    monkeypatch.setattr(rlbench.run.isolated, "train_isolated", train_isolated)
+
+
 @pytest.fixture()
 def fake_train(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import trainer.api
-
-    monkeypatch.setattr(trainer.api, "train", _fake_train)
+    _in_process(monkeypatch, _fake_train)
     _no_golden(monkeypatch, tmp_path)
 
 
@@ -227,8 +237,6 @@ def _first_kl_ref():
 def test_run_exit_1_on_failed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                     capsys: pytest.CaptureFixture[str]) -> None:
     """A log whose step-1 KL is twice the cpu profile's `actor/ppo_kl first <= bound`: exactly one FAIL."""
-    import trainer.api
-
     bound = _first_kl_ref().value
 
     def big_kl(cfg) -> Path:
@@ -238,7 +246,7 @@ def test_run_exit_1_on_failed_check(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         path.write_text("".join(json.dumps(x) + "\n" for x in lines))
         return path
 
-    monkeypatch.setattr(trainer.api, "train", big_kl)
+    _in_process(monkeypatch, big_kl)
     _no_golden(monkeypatch, tmp_path)
     rc = cli.main(["run", SUITE, "--profile", "cpu", "--arch", "cpu", "--out", str(tmp_path),
                    "--set", "trainer.total_steps=6"])
@@ -267,7 +275,6 @@ def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
                                    capsys: pytest.CaptureFixture[str]) -> None:
     """Seed s shifts the score curve by 0.01 * s: over seeds 0, 1 the mean_last[4] is m and m + 0.01,
     so the recorded mean is m + 0.005 and tol = 3 x 0.005 = 0.015 (safety factor 3)."""
-    import trainer.api
 
     def seeded(cfg) -> Path:
         path = _fake_train(cfg)
@@ -277,7 +284,7 @@ def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         path.write_text("".join(json.dumps(x) + "\n" for x in lines))
         return path
 
-    monkeypatch.setattr(trainer.api, "train", seeded)
+    _in_process(monkeypatch, seeded)
     gdir = tmp_path / "golden"
     rc = cli.main(["golden", SUITE, "--profile", "cpu", "--arch", "cpu", "--seeds", "2", "--out", str(tmp_path),
                    "--golden-dir", str(gdir), "--set", "trainer.total_steps=11"])

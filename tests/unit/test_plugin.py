@@ -162,7 +162,9 @@ def test_cpu_vllm_ids_and_only_the_suites_defining_it() -> None:
 def test_cpu_vllm_is_collected_from_the_suites_that_define_it(project: pytest.Pytester) -> None:
     res = project.runpytest(*_args(project, "--arch", "cpu", "--profile", "cpu-vllm", "--collect-only", "-q"))
     lines = [ln for ln in res.stdout.str().splitlines() if ln.startswith("suites/")]
-    assert len(lines) == 14 and all(ln.startswith(f"suites/{DAPO}.yaml::{DAPO}[cpu-vllm]::") for ln in lines)
+    # 14 checks of the suite's references, and the profile's memory items: each mode's peak and the driver's growth
+    assert len(lines) == 14 + 3 and all(ln.startswith(f"suites/{DAPO}.yaml::{DAPO}[cpu-vllm]::") for ln in lines)
+    assert sum("::memory/" in ln for ln in lines) == 3
 
 
 def test_collected_item_ids(project: pytest.Pytester) -> None:

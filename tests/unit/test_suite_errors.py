@@ -99,3 +99,15 @@ def test_directory_and_oversize_suite(tmp_path: Path) -> None:
     big.write_text("# " + "x" * (6 * 10**6) + "\n")
     with pytest.raises(ConfigError, match=r"6\.0 MB, over the 5 MB a suite file may be"):
         load_suite(big)
+
+
+def test_a_profile_whose_memory_budget_the_machine_lacks_cannot_run_here() -> None:
+    """requires.memory_gb against the machine's total memory: a skip reason naming both numbers."""
+    from rlbench.suites.suite import profile_unmet_requirements
+
+    suite = load_suite(Path(__file__).resolve().parents[2] / "suites" / "verl_grpo_qwen3_8b_sglang_gfx950.yaml")
+    budget = suite.profile("cpu").requires.memory_gb
+    assert budget == 16
+    small = {"arch": "cpu", "num_gpus": 0, "packages": {}, "memory_gb": 7.8}
+    assert profile_unmet_requirements(suite, "cpu", small) == ["needs 16 GB of memory at peak (has 7.8 GB)"]
+    assert profile_unmet_requirements(suite, "cpu", {**small, "memory_gb": 23.5}) == []
