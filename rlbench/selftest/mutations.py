@@ -28,7 +28,7 @@ from pathlib import Path
 from trainer.errors import RLBenchError
 
 TRAINER_DIR = Path(__file__).resolve().parents[2] / "trainer"
-AREAS = ("algorithm", "rollout", "sync", "data", "reward")
+AREAS = ("algorithm", "rollout", "sync", "data", "reward", "optimizer")
 
 
 class MutationError(RLBenchError):
@@ -55,16 +55,12 @@ _M = [
     Mutation("kl_wrong_sign", "algorithm", "backends/actor.py",
              "loss = loss + cfg.kl_loss_coef * kl\n", "loss = loss - cfg.kl_loss_coef * kl\n",
              "KL loss added with the wrong sign (pushes the policy away from the reference)",
-             "actor/kl_loss",
-             "the KL gradient vanishes at the reference, so a wrong sign shows only once the policy has drifted: "
-             "over the cpu profile's 8 steps of lr 1e-5 it is within noise (a blind spot of short runs)"),
+             "training/loss_witness_err (the probe's reference log-probs differ from the policy's, so the KL term is live)"),
     Mutation("kl_against_old_policy", "algorithm", "backends/actor.py",
              "kl_penalty(logp, micro.ref_logprobs, cfg.kl_loss_type)",
              "kl_penalty(logp, micro.old_logprobs, cfg.kl_loss_type)",
              "KL loss against the old (rollout-time) policy instead of the frozen reference",
-             "actor/kl_loss (stays ~0)",
-             "the clean KL to the reference after a few steps of lr 1e-5 is itself small, so a lower bound on it "
-             "would need golden values of actor/kl_loss over more steps than the selftest trains"),
+             "training/loss_witness_err (the probe's old and reference log-probs differ)"),
     Mutation("loss_agg_token_sum", "algorithm", "algorithms/aggregation.py",
              "        return masked_sum(loss_mat, mask) / denom\n", "        return masked_sum(loss_mat, mask)\n",
              "token-mean loss aggregation that never divides by the token count",
@@ -122,6 +118,37 @@ _M = [
              "    scores = torch.tensor([-r.score for r in results], dtype=torch.float32)\n",
              "the reward with the wrong sign (-1 for a right answer)",
              "critic/score/mean (band [0, 1], golden, learning)"),
+    Mutation("arithmetic_first_number", "reward", "rewards/arithmetic.py",
+             '    return re.sub(r"[\\s,]", "", found[-1])\n', '    return re.sub(r"[\\s,]", "", found[0])\n',
+             "the arithmetic reward reads the first number of the response instead of the last",
+             "training/reward_audit_failures ('23 then 17' against 17)"),
+    Mutation("sampler_overlapping_batches", "data", "data/sampler.py",
+             "        self.position += self.batch_size\n", "        self.position += self.batch_size // 2\n",
+             "the sampler advances half a batch per draw: consecutive batches share half their prompts",
+             "training/data_repeats_in_epoch",
+             "shows from step 2 (the first draw has no earlier one to repeat); run it with --steps 2 or more"),
+    Mutation("adam_betas_swapped", "optimizer", "backends/actor.py",
+             "lr=cfg.lr, betas=cfg.betas,", "lr=cfg.lr, betas=cfg.betas[::-1],",
+             "AdamW built with (beta2, beta1) instead of (beta1, beta2)",
+             "training/optimizer_update_err"),
+    Mutation("grads_not_zeroed", "optimizer", "backends/actor.py",
+             "                self.optimizer.zero_grad(set_to_none=True)\n", "",
+             "gradients are never zeroed between mini-batches (each step adds the earlier mini-batches' gradients)",
+             "training/grad_stale_max (from the second mini-batch)"),
+    Mutation("ppo_clip_pessimism_flipped", "algorithm", "algorithms/policy_loss.py",
+             "    loss_ppo = torch.maximum(loss_unclipped, loss_clipped)  # [N, R]\n",
+             "    loss_ppo = torch.minimum(loss_unclipped, loss_clipped)  # [N, R]\n",
+             "the clipped objective takes the optimistic (min) instead of the pessimistic (max) of the two terms",
+             "training/loss_witness_err (the probe's ratios leave the trust region)"),
+    Mutation("clipfrac_inverted", "algorithm", "algorithms/policy_loss.py",
+             "    clipfrac = masked_mean(torch.gt(loss_clipped, loss_unclipped).float(), mask)\n",
+             "    clipfrac = masked_mean(torch.lt(loss_clipped, loss_unclipped).float(), mask)\n",
+             "the clip fraction counts the tokens where the unclipped term is active",
+             "training/clipfrac_witness_err"),
+    Mutation("stop_token_ignored", "rollout", "rollout/hf.py",
+             "            done = stopped | (budget[alive] <= t + 1)", "            done = budget[alive] <= t + 1",
+             "the hf engine records a stop token but keeps decoding to the length budget",
+             "training/gen_stop_violations"),
 ]
 MUTATIONS: dict[str, Mutation] = {m.name: m for m in _M}
 DEFAULT_MUTATIONS: list[str] = [m.name for m in _M if not m.not_default]

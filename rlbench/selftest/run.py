@@ -68,10 +68,17 @@ from trainer.errors import ConfigError
 DEFAULT_SUITE = "verl_grpo_qwen3_8b_sglang_gfx950"
 DEFAULT_CLEAN_SEEDS = (5, 6, 7)
 DEFAULT_STEPS = 1  # the first of the cpu profile's 8 steps (see the module docstring)
+# The mechanics invariants of trainer/components/invariants.py: they hold for any model.
+INVARIANT_METRICS = frozenset({
+    "training/reward_audit_failures", "training/reward_rescore_max_abs_diff", "training/data_repeats_in_epoch",
+    "training/data_epoch_err", "training/gen_stop_violations", "training/optimizer_update_err",
+    "training/optimizer_steps_err", "training/grad_stale_max", "training/grad_clip_err",
+    "training/loss_witness_err", "training/clipfrac_witness_err",
+})
 TINY_METRICS = frozenset({
     "training/rollout_probs_diff_max", "training/weight_sync_max_abs_diff", "actor/ppo_kl_first_minibatch",
     "actor/pg_clipfrac_first_minibatch", "critic/advantages/group_mean_abs_max", "actor/pg_loss",
-})
+}) | INVARIANT_METRICS
 # The random tiny model scores 0 everywhere, so GRPO advantages are 0 and nothing would train: an
 # entropy bonus gives every step a gradient, so that weight sync and off-policy signals exist.
 TINY_SETS = ("model.path=tiny:qwen2", "model.dtype=float32", "actor.entropy_coeff=0.01")

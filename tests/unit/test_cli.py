@@ -165,6 +165,14 @@ def test_list_says_what_runs_here(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 # ---------------------------------------------------------------------------- run folder (fake trainer)
+# the mechanics invariants of a clean run (trainer/components/invariants.py; every cpu profile bands them)
+CLEAN_INVARIANTS = {k: 0.0 for k in (
+    "training/reward_audit_failures", "training/reward_rescore_max_abs_diff", "training/data_repeats_in_epoch",
+    "training/data_epoch_err", "training/gen_stop_violations", "training/optimizer_update_err",
+    "training/optimizer_steps_err", "training/grad_stale_max", "training/grad_clip_err", "training/loss_witness_err",
+    "training/clipfrac_witness_err")}
+
+
 def _fake_train(cfg) -> Path:
     """Writes the log a learning cpu run would: score 0.2 -> 0.6, small first KL, short responses."""
     out = Path(cfg.trainer.out_dir)
@@ -179,7 +187,8 @@ def _fake_train(cfg) -> Path:
                     # the on-policy and sanity signals of a clean run (the suite's cpu bounds read them)
                     "training/rollout_probs_diff_max": 1e-4, "actor/ppo_kl_first_minibatch": 0.0,
                     "actor/pg_clipfrac_first_minibatch": 0.0, "training/weight_sync_max_abs_diff": 0.0,
-                    "critic/advantages/group_mean_abs_max": 0.0, "actor/grad_norm": 1.0, "actor/kl_loss": 0.05}
+                    "critic/advantages/group_mean_abs_max": 0.0, "actor/grad_norm": 1.0, "actor/kl_loss": 0.05,
+                    **CLEAN_INVARIANTS}
             f.write(json.dumps({"step": t, "data": data}) + "\n")
     return out / "metrics.jsonl"
 
@@ -310,7 +319,8 @@ def test_check_one_log_of_a_two_mode_profile_skips_the_other_mode(tmp_path: Path
     log = tmp_path / "fa.jsonl"
     moe = {"actor/moe/load_balancing_loss": 1.0, "actor/moe/router_entropy": 1.38, "actor/moe/expert_load/cv": 0.4}
     log.write_text("".join(json.dumps({"step": t, "data": {"actor/pg_loss": 0.1, "critic/score/mean": 0.1 * t,
-                                                           "fully_async/staleness/max_version_lag": 1.0, **moe}}) + "\n"
+                                                           "fully_async/staleness/max_version_lag": 1.0, **moe,
+                                                           **CLEAN_INVARIANTS}}) + "\n"
                            for t in range(1, 13)))
     rc = cli.main(["check", "--suite", str(suite_copy), "--profile", "cpu", "--arch", "cpu",
                    "--run", f"fully_async={log}",

@@ -211,6 +211,8 @@ class Actor:
         old_from_forward: list[torch.Tensor] = []
         expert_counts: torch.Tensor | None = None  # MoE: [layers, experts] top-k assignments
         first = True
+        witness = self.update_witness()
+        skipped = 0
         for _ in range(cfg.ppo_epochs):
             for mini in batch.chunks(mini_size):
                 counts = self.all_reduce_sum(global_counts(mini.response_mask))
@@ -220,6 +222,8 @@ class Actor:
                     self.master.zero_grad()
                 loss_fn = functools.partial(self.micro_batch_loss, counts=counts,
                                             reuse_forward_as_old=reuse_forward_as_old)
+                if witness is not None:  # trainer/components/invariants.py: the loss and optimizer re-derived apart
+                    loss_fn = witness.wrap(loss_fn, counts, reuse_forward_as_old)
                 mb_stats: dict[str, float] = defaultdict(float)
                 for out in self.forward_backward(list(mini.chunks(cfg.ppo_micro_batch_size_per_gpu)), loss_fn):
                     for k, v in out.stats.items():
@@ -232,12 +236,15 @@ class Actor:
                 # counts), so their sum over the data-parallel workers is the mini-batch value
                 mb_stats = self.all_reduce_sum({k: mb_stats[k] for k in sorted(mb_stats)})
                 grad_norm = self.finish_grads_and_clip()
+                if witness is not None:
+                    witness.after_clip(grad_norm)
                 if torch.isfinite(grad_norm):
                     self.optimizer.step()
                     if self.master is not None:
                         self.master.sync_to_model()
                 else:
                     metrics["actor/grad_norm_nonfinite"].append(1.0)
+                    skipped += 1
                 self.scheduler.step()
                 if first:
                     metrics["actor/ppo_kl_first_minibatch"].append(mb_stats["actor/ppo_kl"])
@@ -256,11 +263,24 @@ class Actor:
             summed = torch.tensor(list(flat.values()), dtype=torch.float64).view_as(expert_counts)
             out.update(expert_load_metrics(summed, self.router.top_k))
         out["actor/lr"] = self.optimizer.param_groups[0]["lr"]
+        if witness is not None:
+            out.update(witness.metrics(len(batch), n, skipped))
         self.model.eval()
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         out.update(self._mfu(batch, time.perf_counter() - t_start))
         return out
+
+    def update_witness(self):
+        """The optimizer and loss witnesses of this actor (`trainer/components/invariants.py`), made at the first update;
+        None for a backend with its own optimizer or update (Megatron)."""
+        if type(self).micro_batch_loss is not Actor.micro_batch_loss or self.cfg.strategy == "megatron":
+            return None
+        if getattr(self, "_witness", None) is None:
+            from trainer.components.invariants import UpdateWitness
+
+            self._witness = UpdateWitness(self)
+        return self._witness
 
     # ------------------------------------------------------------------ one micro-batch
     def forward_backward(self, micros: list[Batch], loss_fn: LossFn) -> list[MicroBatchOut]:

@@ -414,6 +414,9 @@ class RolloutWorker:
         batch.meta["finish_reason"] = list(g.finish)
         batch.scores, acc = score(batch, self.tokenizer, self.cfg)
         batch.meta["acc"] = acc.tolist()
+        from trainer.components.invariants import witness_group
+
+        witness_group(batch, g.item, self.tokenizer, self.cfg, self.eos_ids)  # trainer/components/invariants.py
         return batch
 
 

@@ -28,6 +28,7 @@ from trainer.components.checkpoint import (
     resume_or_start,
 )
 from trainer.components.faults import fault_point
+from trainer.components.invariants import StepWitness
 from trainer.components.metrics import MetricsWriter, Timer, data_metrics
 from trainer.components.progress import Progress
 from trainer.modes.steps import Components, generate_scored_batch, validate
@@ -68,6 +69,7 @@ def train_colocated(c: Components) -> Path:
     start = _resume(c, writer)
     n = cfg.rollout.n
     progress = Progress(total=cfg.trainer.total_steps, initial=start, enabled=cfg.trainer.progress)
+    witness = StepWitness(cfg, c.tokenizer, c.eos_ids, c.train_data, c.val_data)  # trainer/components/invariants.py
 
     if start == 0 and cfg.trainer.test_freq > 0:
         t0 = time.perf_counter()
@@ -81,10 +83,12 @@ def train_colocated(c: Components) -> Path:
         metrics: dict[str, float] = {}
         with timer("step"):
             # 1. rollout + reward (DAPO dynamic sampling regenerates inside)
+            witness.begin_step()
             with timer("gen"):
-                batch, gen_stats = generate_scored_batch(c, c.train_data.next_batch)
+                batch, gen_stats = generate_scored_batch(c, witness.draw(c.train_data.next_batch))
             fault_point("rollout", step)
             metrics.update(gen_stats)
+            metrics.update(witness.metrics(batch))
             batch.token_rewards = scores_to_token_rewards(batch.scores, batch.response_mask)
 
             # 2. old log-probs: the trainer's recomputation (default), the rollout's, or -- when the

@@ -168,6 +168,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         step_metrics,
     )
     from trainer.distributed.trainer_worker import check_supported
+    from trainer.components.invariants import async_witness_metrics
     from trainer.modes.steps import turn_metrics
 
     check_supported(cfg)
@@ -265,6 +266,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
             fault_point("rollout", step)
             metrics.update(qstats)
             batch = merge_groups(groups, pad_token_id)
+            metrics.update(async_witness_metrics(batch))  # trainer/components/invariants.py
             metrics.update(turn_metrics(batch))  # multi-turn tool use: num_turns/*, agent/*, timing_s/tool
             # 2. advantages, update
             t0 = time.perf_counter()
