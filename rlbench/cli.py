@@ -151,13 +151,32 @@ def _mode_logs(suite: Suite, profile: str, logs: list[str], mode: list[str] | No
 
 
 # ---------------------------------------------------------------------------- commands
+def _store(args: argparse.Namespace, source: str) -> Any:
+    """The results store this command appends to (rlbench/store/target.py), or None."""
+    from rlbench.store.target import resolve_target
+
+    return resolve_target(args.store, args.trusted, source)
+
+
+def _record(target: Any, outcome: Any) -> None:
+    from rlbench.run.record import record_outcome
+
+    ids = record_outcome(target, outcome)
+    if ids:
+        kind = "trusted " if target.trusted else ""
+        print(f"[rlbench] results store {target.path}: appended {kind}run(s) {', '.join(map(str, ids))}",
+              file=sys.stderr)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from rlbench.run.runner import find_suite, run_profile
 
     suite = find_suite(args.suite)
+    target = _store(args, "run")
     env, arch = _env(args.arch)
     outcome = run_profile(suite, args.profile, out=args.out, arch=arch, seeds=args.seeds,
-                          modes=args.mode, sets=args.set, env=env)
+                          modes=args.mode, sets=args.set, env=env, store=target.path if target else None)
+    _record(target, outcome)
     return _print_outcome(outcome)
 
 
@@ -166,6 +185,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     from rlbench.run.runner import evaluate_runs, find_suite
 
     suite = find_suite(args.suite)
+    target = _store(args, "check")
     if args.arch is not None:
         validate_arch(args.arch, suite)
     if args.profile is not None:
@@ -204,7 +224,9 @@ def cmd_check(args: argparse.Namespace) -> int:
             "command": " ".join(sys.argv)}
     outcome = evaluate_runs(suite, profile, {0: runs}, arch=args.arch, device_name=args.device or "",
                             folder=out, env=env, provenance=prov, report=args.report, ran_modes=list(runs),
-                            status=lambda line: print(f"[rlbench] {line}", file=sys.stderr))
+                            status=lambda line: print(f"[rlbench] {line}", file=sys.stderr),
+                            store=target.path if target else None)
+    _record(target, outcome)
     return _print_outcome(outcome)
 
 
@@ -267,6 +289,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------- parser
+def store_options(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--store", metavar="PATH", help="append the run to this results store (SQLite file; default: "
+                    "$RLBENCH_STORE, else none); history references read its trusted runs")
+    sp.add_argument("--trusted", action="store_true", help="mark the run trusted: a baseline for history "
+                    "references (e.g. nightly on main; also RLBENCH_TRUSTED=1)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rlbench", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -285,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     common_run(r, None)
     r.add_argument("--seeds", type=int, help="number of seeds (the profile's first N; default 1)")
     r.add_argument("--mode", action="append", choices=MODE_NAMES, help="run only this mode (repeatable)")
+    store_options(r)
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("check", help="check logs of a run made elsewhere (verl, Miles, rlbench)")
@@ -302,6 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="rewards are 0/1 per sample: read val-core/<ds>/reward/mean@N as the accuracy too")
     c.add_argument("--out", help="folder for checks.json and report.html (default runs/check/<suite>/<profile>)")
     c.add_argument("--report", help="report path (default: OUT/report.html)")
+    store_options(c)
     c.set_defaults(func=cmd_check)
 
     g = sub.add_parser("golden", help="record golden values of a mini/cpu profile over seeds")

@@ -21,6 +21,7 @@ import pandas as pd
 
 from rlbench.checks.coverage import Coverage, with_coverage
 from rlbench.checks.golden import check_golden
+from rlbench.checks.history import HistorySource, check_history
 from rlbench.checks.metric import check_metric, check_ratio, errored, skipped
 from rlbench.checks.results import CheckResult
 from rlbench.suites.suite import Reference, Suite
@@ -56,7 +57,8 @@ def skip_reason(suite: Suite, ref: Reference, profile: str, arch: str,
 
 def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch: str,
              device_name: str, golden_dir: str | Path | None = None, steps: int | None = None,
-             engines: dict[str, str] | None = None) -> list[CheckResult]:
+             engines: dict[str, str] | None = None,
+             history: HistorySource | None = None) -> list[CheckResult]:
     """Every reference of `suite` against `runs` (mode name -> metrics frame) of one profile.
 
     `engines`: the rollout engine each mode's run used (mode -> rollout.engine); default: the
@@ -65,6 +67,9 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
     `steps`: how many steps the runs were meant to have (default: the profile's `steps`); a run
     trained to fewer on purpose (the first N steps of a profile) passes N, and only its checks
     that need steps past N are then `not_evaluated`.
+
+    `history`: the results store and this run's suite, profile and machine, for references with
+    `history` (rlbench/checks/history.py); None: those are not evaluated (no store).
     """
     prof = suite.profile(profile)
     runs = {m: (f if f.index.is_monotonic_increasing else f.sort_index()) for m, f in runs.items()}
@@ -100,6 +105,8 @@ def evaluate(suite: Suite, profile: str, runs: dict[str, pd.DataFrame], *, arch:
             elif mode not in runs:
                 results.append(errored(ref, cid, mode, f"no run for mode {mode} (runs given: "
                                                       f"{', '.join(runs) or 'none'})"))
+            elif ref.history is not None:
+                results.append(check_history(ref, runs[mode], history, run=mode, check_id=cid, coverage=covs[mode]))
             else:
                 results.append(check_metric(ref, runs[mode], tol=tol, run=mode, check_id=cid, note=cross,
                                             coverage=covs[mode]))

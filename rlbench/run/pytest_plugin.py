@@ -34,6 +34,10 @@ suite, profile or metric. Only the references that list a profile become its ite
   item counts), written at session end; default `<--rlbench-out>/session-report.html`. A
   reference skipped as a whole (golden values not recorded for this arch) is counted once per
   item there, as pytest counts it.
+- `--rlbench-store PATH` (or `RLBENCH_STORE`): each profile's run, its checks and metrics are appended
+  to that results store when the profile is evaluated (rlbench/run/record.py); `--rlbench-trusted`
+  (or `RLBENCH_TRUSTED=1`) marks them trusted, the history that references with `history` gate
+  against (rlbench/checks/history.py). Without a store nothing is written.
 - At the end, the skipped items are summarised by reason, one line each (also with `-q`, where
   pytest lists no skip reason).
 """
@@ -88,6 +92,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--rlbench-device", default=None, help="with --rlbench-logs: the board the logs came from")
     g.addoption("--rlbench-set", action="append", default=[], metavar="KEY=VALUE",
                 help="trainer override for every run, e.g. trainer.total_steps=2 (repeatable)")
+    g.addoption("--rlbench-store", default=None, metavar="PATH",
+                help="append each profile's run to this results store (default: $RLBENCH_STORE, else none)")
+    g.addoption("--rlbench-trusted", action="store_true",
+                help="mark the runs trusted, a baseline for history references (also RLBENCH_TRUSTED=1)")
 
 
 @dataclass
@@ -110,6 +118,7 @@ class RLBenchState:
     logs: Path | None
     sets: list[str]
     report: Path
+    store: Any = None  # rlbench.store.target.StoreTarget, or None: nothing is written
     env: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)  # env_info for profile_unmet_requirements
     runs: dict[tuple[str, str], _ProfileRun] = field(default_factory=dict)
@@ -179,7 +188,7 @@ class RLBenchState:
                 prov = provenance(suite, profile, seeds, self.env, self.sets)
             outcome = evaluate_runs(suite, profile, {seeds[0]: runs}, arch=self.arch, device_name=self.device_name,
                                     folder=folder, env=self.env, provenance=prov, ran_modes=list(runs),
-                                    status=self.status)
+                                    status=self.status, store=self.store.path if self.store else None)
         except RLBenchError as e:
             return _ProfileRun(error=f"{suite.id} [{profile}]: {e}")
         except Exception as e:  # noqa: BLE001 - a crash in training is reported on every item of the profile
@@ -192,6 +201,12 @@ class RLBenchState:
         if self.logs is None:
             rows.append(f"{suite.id} [{profile}]: driver {driver[0]:.2f} -> {driver[1]:.2f} GB")
         section = dataclasses.replace(outcome.sections[0], results=[r for rs in by_ref for r in rs] + mem)
+        if self.store is not None:
+            from rlbench.run.record import record_outcome
+
+            ids = record_outcome(self.store, outcome, extra={seeds[0]: mem})
+            self.status(f"{suite.id} [{profile}]: results store {self.store.path}: appended "
+                        f"{'trusted ' if self.store.trusted else ''}run {', '.join(map(str, ids))}")
         return _ProfileRun(by_ref=by_ref, section=section, memory=mem, memory_rows=rows)
 
 
@@ -231,6 +246,13 @@ def pytest_configure(config: pytest.Config) -> None:
     state = RLBenchState(arch="cpu", device_name="", profiles=profiles, out=out,
                          logs=Path(logs) if logs else None, sets=list(config.getoption("--rlbench-set")),
                          report=Path(report) if report else out / "session-report.html")
+    from rlbench.store.target import resolve_target
+
+    try:
+        state.store = resolve_target(config.getoption("--rlbench-store"), config.getoption("--rlbench-trusted"),
+                                     "pytest")
+    except RLBenchError as e:
+        raise pytest.UsageError(str(e)) from None
     if state.logs is not None:
         if not state.logs.is_dir():
             raise pytest.UsageError(f"--rlbench-logs {logs}: not a folder; pass the folder holding "

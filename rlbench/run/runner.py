@@ -41,15 +41,17 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from rlbench.run import isolated as run_isolated
 from rlbench.checks.evaluate import evaluate, profile_engines
+from rlbench.checks.history import HistorySource
 from rlbench.checks.results import CheckResult
 from rlbench.ingest.load import load_metrics
 from rlbench.report.html import ReportSection, overall_verdict, render_report, render_session_report
 from rlbench.report.summary import counts_text
-from rlbench.run.progress import MetricsTail
+from rlbench.run import isolated as run_isolated
 from rlbench.run.isolated import MEMORY_FILE, require_free_memory
 from rlbench.run.memory import machine_memory_gb
+from rlbench.run.progress import MetricsTail
+from rlbench.store.target import store_device
 from rlbench.suites.suite import Suite, load_suite, profile_unmet_requirements
 from trainer.config import apply_overrides
 from trainer.errors import ConfigError
@@ -230,6 +232,8 @@ class Outcome:
     by_ref: dict[int, list[list[CheckResult]]] = field(default_factory=dict)  # seed -> per reference
     report: Path | None = None
     sections: list[ReportSection] = field(default_factory=list)  # report sections, one per seed
+    arch: str = ""  # the arch the checks were evaluated as
+    device: str = ""  # the board (store_device: "cpu" for a CPU run), as the results store keys it
 
     @property
     def verdict(self) -> str:
@@ -291,14 +295,15 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
                   arch: str, device_name: str, folder: Path, env: dict[str, Any],
                   provenance: dict[str, Any], report: Path | None = None,
                   golden_dir: str | Path | None = None, ran_modes: list[str] | None = None,
-                  status: Status = stderr_status) -> Outcome:
+                  status: Status = stderr_status, store: Path | None = None) -> Outcome:
     """Evaluate the suite's checks on each seed's runs; write checks.json, env.json and report.html.
 
     `ran_modes`: when only some of the profile's modes were run on purpose (`--mode`), checks
     that read another mode are skipped instead of reported as errors. The rollout engine of each
     mode (for checks scoped to engines) is the profile's after `provenance["overrides"]` (the
     runs' `--set`s), or for logs made elsewhere (`provenance["logs"]`) the `rollout.engine` of the
-    `config.yaml` the trainer wrote beside a log, where there is one.
+    `config.yaml` the trainer wrote beside a log, where there is one. `store`: the results store
+    the references with `history` read their trusted runs from (rlbench/checks/history.py).
     """
     engines = {**profile_engines(suite, profile, provenance.get("overrides")),
                **logged_engines(provenance.get("logs") or {})}
@@ -307,10 +312,12 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     seed_of: list[int] = []
     sections: list[ReportSection] = []
     by_ref: dict[int, list[list[CheckResult]]] = {}
+    history = HistorySource(store=store, suite=suite.id, profile=profile, arch=arch,
+                            device=store_device(arch, device_name), host=str(env.get("hostname") or ""))
     for seed, runs in runs_by_seed.items():
         # One reference at a time, so each result is known to come from its reference (pytest items).
         by_ref[seed] = [evaluate(suite.model_copy(update={"references": [ref]}), profile, runs, arch=arch,
-                                 device_name=device_name, golden_dir=golden_dir, engines=engines)
+                                 device_name=device_name, golden_dir=golden_dir, engines=engines, history=history)
                         for ref in suite.references]
         if ran_modes is not None:
             by_ref[seed] = [[_unrun_to_skip(r, ran_modes) for r in rs] for rs in by_ref[seed]]
@@ -323,7 +330,8 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
                                       provenance={**provenance, "seed": seed},
                                       suite_meta=suite_meta(suite, profile, _steps_set(provenance)),
                                       samples=latest_samples(dirs)))
-    outcome = Outcome(suite, profile, folder, results, seed_of, by_ref)
+    outcome = Outcome(suite, profile, folder, results, seed_of, by_ref, arch=arch,
+                      device=store_device(arch, device_name))
     doc = {"suite": suite.id, "profile": profile, "arch": arch, "device": device_name,
            "verdict": outcome.verdict, "provenance": provenance,
            "results": [{**r.to_dict(), "seed": s} for r, s in zip(results, seed_of)]}
@@ -441,8 +449,10 @@ def provenance(suite: Suite, profile: str, seeds: list[int], env: dict[str, Any]
 
 def run_profile(suite: Suite, profile: str, *, out: str | Path, arch: str, seeds: int | None = None,
                 modes: list[str] | None = None, sets: list[str] | None = None,
-                env: dict[str, Any] | None = None, status: Status = stderr_status) -> Outcome:
-    """Train the profile (see module docstring), evaluate its checks, write the run folder."""
+                env: dict[str, Any] | None = None, status: Status = stderr_status,
+                store: Path | None = None) -> Outcome:
+    """Train the profile (see module docstring), evaluate its checks (history references against
+    `store`), write the run folder."""
     if env is None:
         from trainer.platform.env import collect_env
 
@@ -458,4 +468,4 @@ def run_profile(suite: Suite, profile: str, *, out: str | Path, arch: str, seeds
     frames = {s: runs.frames(s) for s in seed_ids}
     return evaluate_runs(suite, profile, frames, arch=arch, device_name=info["device_name"], folder=runs.folder,
                          env=env, provenance=provenance(suite, profile, seed_ids, env, sets),
-                          ran_modes=runs.modes, status=status)
+                          ran_modes=runs.modes, status=status, store=store)

@@ -165,6 +165,50 @@ class EngineScope(_Strict):
     why: str  # shown in the skip message of a run on another engine
 
 
+class History(_Strict):
+    """A reference value taken from the trusted runs in the results store (rlbench/checks/history.py).
+
+    - median_rel (throughput, step time, peak memory; prime-rl gates these at 15%): the median of
+      the last `last` trusted runs on the same `match` (default device), band `band` x |median|.
+    - mean_floor (accuracy, KL; Miles' metric-history gate): the mean of the last `last` (<= 20)
+      trusted runs on the same `match` (default arch), band max(`rel` x |mean|, `floor`).
+    With fewer than `min_runs` (default min(last, 5)) such runs the check is not evaluated.
+    """
+
+    rule: Literal["median_rel", "mean_floor"]
+    last: int = Field(ge=1, le=1000)
+    band: float | None = Field(default=None, gt=0, lt=1)  # median_rel: a fraction of |median|
+    rel: float | None = Field(default=None, ge=0)  # mean_floor: a fraction of |mean|
+    floor: float | None = Field(default=None, ge=0)  # mean_floor: the smallest band, in the metric's units
+    min_runs: int | None = Field(default=None, ge=1)
+    match: Literal["device", "runner", "arch"] | None = None  # runner: same device and host
+
+    @model_validator(mode="after")
+    def _rule_fields(self) -> History:
+        if self.rule == "median_rel":
+            if self.band is None:
+                raise ValueError("@band: rule median_rel needs 'band' (a fraction of the median, e.g. 0.05)")
+            for k in ("rel", "floor"):
+                if getattr(self, k) is not None:
+                    raise ValueError(f"@{k}: '{k}' belongs to rule mean_floor; median_rel takes 'band'")
+        else:
+            if self.rel is None or self.floor is None:
+                raise ValueError("@rel: rule mean_floor needs 'rel' and 'floor' (band max(rel x |mean|, floor))")
+            if self.band is not None:
+                raise ValueError("@band: 'band' belongs to rule median_rel; mean_floor takes 'rel' and 'floor'")
+            if self.last > 20:
+                raise ValueError("@last: rule mean_floor averages at most the last 20 trusted runs; set last <= 20")
+        if self.min_runs is not None and self.min_runs > self.last:
+            raise ValueError(f"@min_runs: min_runs {self.min_runs} > last {self.last}; it can never be met")
+        return self
+
+    def needed(self) -> int:
+        return self.min_runs if self.min_runs is not None else min(self.last, 5)
+
+    def match_on(self) -> str:
+        return self.match or ("device" if self.rule == "median_rel" else "arch")
+
+
 class Reference(_Strict):
     """One check. `kind` picks the shape:
 
@@ -198,6 +242,7 @@ class Reference(_Strict):
     cross_arch_tol: float | None = Field(default=None, ge=0)  # numerics on another arch: wider tol
     device: str | None = None  # device scope: the board it was measured on, e.g. MI300X
     engines: EngineScope | None = None  # rollout engines it reads; a run on another is skipped with `why`
+    history: History | None = None  # value from trusted runs in the results store instead of `value`
     source: str  # "<doc>: <where/what>", doc one of the suite's `source` docs, or "rlbench: ..."
     why: str  # why this tolerance
 
@@ -207,6 +252,17 @@ class Reference(_Strict):
             if not self.stats:
                 raise ValueError("@stats: a golden reference needs a non-empty 'stats' list")
             return self
+        if self.history is not None:
+            if self.kind != "metric":
+                raise ValueError("@history: 'history' applies to kind 'metric' only; remove it")
+            if self.value is not None or self.tol or self.rel_tol:
+                raise ValueError("@value: a history reference takes its value and band from trusted runs; "
+                                 "remove 'value'/'tol'/'rel_tol' (or 'history')")
+            if self.op not in (">=", "<=", "approx"):
+                raise ValueError("@op: a history reference needs op >= (higher is better), <= (lower is "
+                                 "better) or approx (both ways)")
+            if self.stat is None:
+                raise ValueError("@stat: a history reference needs 'stat' (e.g. median, mean_last)")
         if self.metric is None:
             raise ValueError("@metric: missing required key 'metric' (the metric name to check)")
         if self.stat is None and self.op != "band":
@@ -220,8 +276,8 @@ class Reference(_Strict):
                 raise ValueError("@stat: op 'band' checks every step; remove 'stat'")
             if self.lo is None or self.hi is None or self.lo > self.hi:
                 raise ValueError("@lo: op 'band' needs 'lo' and 'hi' with lo <= hi")
-        elif self.value is None:
-            raise ValueError(f"@value: op '{self.op}' needs a reference 'value'")
+        elif self.value is None and self.history is None:
+            raise ValueError(f"@value: op '{self.op}' needs a reference 'value' (or 'history')")
         if self.stat == "steps_to_reach" and self.threshold is None:
             raise ValueError("@threshold: stat 'steps_to_reach' needs 'threshold' (the value to reach)")
         if self.window is not None and self.window[0] > self.window[1]:
@@ -256,6 +312,8 @@ class Reference(_Strict):
         if self.stat == "steps_to_reach":
             stat = f"steps_to_reach({self.threshold:g})"
         op = {"approx": "~=", "band": " in "}.get(self.op or "", self.op or "")
+        if self.history is not None:
+            return f"{self.metric}:{stat}{win}{op}history"
         bound = f"[{self.lo:g},{self.hi:g}]" if self.op == "band" else f"{self.value:g}"
         if self.kind == "ratio":
             return f"{self.metric}:{stat}{win}:{self.num}/{self.den}{op}{bound}"
