@@ -7,6 +7,7 @@
     rlbench check --suite verl_geo3k_qwen35_35b_a3b_moe_gfx950 --arch gfx950 \\
         --run colocated=coloc/metrics.jsonl --run fully_async=async/metrics.jsonl
     rlbench golden verl_grpo_qwen3_8b_sglang_gfx950 --profile cpu --seeds 3
+    rlbench compare runs/a/SUITE/cpu runs/b/SUITE/cpu --out compare.html   # two runs or seed sets side by side
     rlbench selftest                       # planted trainer bugs x the checks that catch them (rlbench/selftest/run.py)
 
 `run` trains the profile's modes and seeds (see rlbench/run/runner.py for the run folder), `check`
@@ -267,6 +268,25 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     return exit_code(result)
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from rlbench.report.compare import compare_sides, load_side, render_compare, text_table
+    from rlbench.run.runner import find_suite
+
+    suite = find_suite(args.suite) if args.suite else None
+    if suite is not None and args.profile is None:
+        raise ConfigError("--suite given without --profile: say which profile the logs ran (e.g. --profile mini)")
+    if args.arch is not None:
+        validate_arch(args.arch, suite)
+    kw: dict[str, Any] = {"suite": suite, "profile": args.profile, "arch": args.arch or "cpu",
+                          "device": args.device or ""}
+    a, b = load_side(args.a, args.label_a or Path(args.a).name, **kw), load_side(args.b, args.label_b or Path(args.b).name, **kw)
+    rows = compare_sides(a, b)
+    print(text_table(a, b, rows))
+    out = render_compare(args.out, a, b, rows, title=f"rlbench compare: {a.name} vs {b.name}")
+    print(f"compare page: {out}")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from rlbench.run.runner import PROJECT_ROOT, machine_info
 
@@ -357,6 +377,18 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--work", default="runs/selftest", help="run folders (default runs/selftest)")
     st.add_argument("--out", default="reports/selftest", help="table .md and .json (default reports/selftest)")
     st.set_defaults(func=cmd_selftest)
+
+    cp = sub.add_parser("compare", help="two runs or two seed sets side by side (rlbench/report/compare.py)")
+    cp.add_argument("a", metavar="A", help="run folder (checks.json), folder of logs, or folder of those (seeds)")
+    cp.add_argument("b", metavar="B", help="the same for the other side")
+    cp.add_argument("--suite", help="suite to check log folders against (folders with checks.json need none)")
+    cp.add_argument("--profile", choices=PROFILE_NAMES, help="with --suite: the profile the logs ran")
+    cp.add_argument("--arch", help="with --suite: the arch the logs ran on (default cpu)")
+    cp.add_argument("--device", help="with --suite: the board the logs ran on, e.g. MI300X")
+    cp.add_argument("--label-a", help="name of side A (default: its folder name)")
+    cp.add_argument("--label-b", help="name of side B (default: its folder name)")
+    cp.add_argument("--out", default="compare.html", help="the HTML page (default compare.html)")
+    cp.set_defaults(func=cmd_compare)
 
     ls = sub.add_parser("list", help="suites, profiles, and whether each can run here")
     ls.add_argument("--arch", help="see the machine as this arch (default: detected)")
