@@ -49,7 +49,8 @@ from rlbench.ingest.log_lines import MAX_LINE_BYTES, drop_negative_steps, mb, re
 from rlbench.ingest.vocab import STEP_KEYS, accuracy_twin, canonical_name_and_scale
 from trainer.errors import ConfigError, DataError
 
-FORMATS: tuple[str, ...] = ("verl-jsonl", "verl-console", "miles-jsonl", "miles-console", "rlbench")
+FORMATS: tuple[str, ...] = ("verl-jsonl", "verl-console", "miles-jsonl", "miles-console", "rlbench",
+                            "tensorboard")  # tensorboard: a folder of event files (rlbench/ingest/tensorboard.py)
 _SOURCE_OF_FORMAT = {
     "verl-jsonl": "verl",
     "verl-console": "verl",
@@ -342,3 +343,10 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     if reward_is_accuracy:
         frame = _accuracy_from_reward(frame, path, notes)
     return MetricLog(frame=frame, source_format=fmt, warnings=warnings, path=path, notes=notes)
+    if fmt == "tensorboard" and not path.is_dir():
+        raise DataError(f"{path}: --format tensorboard reads a folder of events.out.tfevents.* files, not a file")
+        from rlbench.ingest.tensorboard import is_tensorboard_dir, read_tensorboard
+
+        if is_tensorboard_dir(path) and fmt in ("auto", "tensorboard"):
+            frame, warnings = read_tensorboard(path)
+            return MetricLog(frame=frame, source_format="tensorboard", warnings=warnings, path=path)
