@@ -306,7 +306,14 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     path = Path(path)
     if fmt != "auto" and fmt not in FORMATS:
         raise ConfigError(f"unknown log format {fmt!r} for {path}; use auto or one of {', '.join(FORMATS)}")
+    if fmt == "tensorboard" and not path.is_dir():
+        raise DataError(f"{path}: --format tensorboard reads a folder of events.out.tfevents.* files, not a file")
     if path.is_dir():
+        from rlbench.ingest.tensorboard import is_tensorboard_dir, read_tensorboard
+
+        if is_tensorboard_dir(path) and fmt in ("auto", "tensorboard"):
+            frame, warnings = read_tensorboard(path)
+            return MetricLog(frame=frame, source_format="tensorboard", warnings=warnings, path=path)
         raise DataError(f"{path}: is a directory, not a metrics log; pass the log file inside it "
                         "(e.g. metrics.jsonl)")
     if not path.is_file():
@@ -343,10 +350,3 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     if reward_is_accuracy:
         frame = _accuracy_from_reward(frame, path, notes)
     return MetricLog(frame=frame, source_format=fmt, warnings=warnings, path=path, notes=notes)
-    if fmt == "tensorboard" and not path.is_dir():
-        raise DataError(f"{path}: --format tensorboard reads a folder of events.out.tfevents.* files, not a file")
-        from rlbench.ingest.tensorboard import is_tensorboard_dir, read_tensorboard
-
-        if is_tensorboard_dir(path) and fmt in ("auto", "tensorboard"):
-            frame, warnings = read_tensorboard(path)
-            return MetricLog(frame=frame, source_format="tensorboard", warnings=warnings, path=path)
