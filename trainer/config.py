@@ -207,7 +207,13 @@ class ActorConfig(_Section):
         "fixed shapes (trainer/backends/compile.py). Cost: each new (micro-batch rows, width bucket of 128 "
         "tokens) compiles once, ~9 s cold for 1.5B; the shared-prompt KV path is off (prompts are recomputed "
         "per response); single worker only, not with gradient checkpointing"))
-    compile_backend: str = Field("inductor", description="torch.compile backend for actor.compile (aot_eager: debugging)")
+    lm_head_compile: Literal["auto", "on", "off"] = Field("auto", description=(
+        "torch.compile (dynamic=False) the LM-head chunk math alone (trainer/ops/logprobs.py): log-sum-exp, target "
+        "log-prob and entropy read from the bf16 logits and the closed-form logit gradient written in one fused "
+        "pass, instead of the eager fp32 passes over each [chunk, vocab] block; auto: on for CUDA devices, off "
+        "elsewhere. Both backends (fsdp2, megatron); actor.compile compiles the head anyway"))
+    compile_backend: str = Field("inductor", description=(
+        "torch.compile backend for actor.compile and actor.lm_head_compile (aot_eager: debugging)"))
 
     @field_validator("kl_loss_type")
     @classmethod

@@ -96,6 +96,22 @@ def all_reduce_sum(values: dict[str, float], device: torch.device) -> dict[str, 
     return dict(zip(values, t.tolist()))
 
 
+def lm_head_compile_backend(cfg: ActorConfig, device: torch.device) -> str | None:
+    """The torch.compile backend of the LM-head chunk math (`actor.lm_head_compile`; auto: on CUDA), or None
+    for the eager chunks. `actor.compile` compiles the head itself, so `lm_head_compile: off` with it is refused."""
+    if cfg.compile and cfg.lm_head_compile == "off":
+        raise ConfigError("actor.lm_head_compile=off with actor.compile=true: actor.compile compiles the LM-head "
+                          "chunks too (fix: actor.lm_head_compile=auto, or actor.compile=false)")
+    on = cfg.lm_head_compile == "on" or (cfg.lm_head_compile == "auto" and device.type == "cuda")
+    if not on or cfg.compile:
+        return None
+    from trainer.backends.compile import compile_in_process, raise_recompile_limit
+
+    raise_recompile_limit()  # each (chunk rows, with_entropy, temperature) is one graph
+    compile_in_process()  # inductor's worker pool off (trainer/backends/compile.py says why)
+    return cfg.compile_backend
+
+
 class Actor:
     """Holds the trainable policy (and its optimizer) on this worker."""
 
@@ -119,6 +135,7 @@ class Actor:
         else:
             params = [p for p in model.parameters() if p.requires_grad]
         self.compile_backend: str | None = None
+        self.lm_head_backend = lm_head_compile_backend(cfg, device)  # compiled LM-head chunks alone (or None)
         if cfg.compile:
             from trainer.backends.compile import compile_decoder_layers
 
@@ -155,8 +172,14 @@ class Actor:
         # mixed precision: autocast for fp32 weights (`bf16`, or the fp32 reference model next to
         # `bf16_params`); bf16 module params need no casts. Log-softmax statistics stay fp32.
         autocast = self.cfg.mixed_precision != "none" and next(model.parameters()).dtype == torch.float32
-        # compiled mode (`actor.compile`) for the trained model only: fixed shapes, compiled LM-head chunks
-        kw = {"compile_backend": self.compile_backend} if self.compile_backend is not None and model is self.model else {}
+        # compiled mode (`actor.compile`) for the trained model only: fixed shapes, compiled LM-head chunks;
+        # `actor.lm_head_compile` alone: the compiled LM-head chunks for every model (trained and reference)
+        if self.compile_backend is not None and model is self.model:
+            kw = {"compile_backend": self.compile_backend}
+        elif self.lm_head_backend is not None:
+            kw = {"lm_head_compile_backend": self.lm_head_backend}
+        else:
+            kw = {}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
             return fn(model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
                       with_entropy=with_entropy, **kw)
@@ -325,23 +348,33 @@ class Actor:
         ent = agg_loss(entropy if cfg.entropy_coeff != 0 else entropy.detach(), mask, cfg.loss_agg_mode, **agg_kw)
         if cfg.entropy_coeff != 0:
             loss = loss - cfg.entropy_coeff * ent
-        stats: dict[str, float] = {}
+        # the micro-batch's scalars go to the host in one copy (one sync instead of one per statistic)
+        scalars: dict[str, torch.Tensor] = {}
         if cfg.use_kl_loss:
             kl = agg_loss(kl_penalty(logp, micro.ref_logprobs, cfg.kl_loss_type), mask, cfg.loss_agg_mode, **agg_kw)
             loss = loss + cfg.kl_loss_coef * kl
-            stats["actor/kl_loss"] = kl.item()
+            scalars["actor/kl_loss"] = kl.detach()
+        scalars["actor/pg_loss"] = pg_loss.detach()
+        scalars["actor/entropy"] = ent.detach()
+        for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
+            scalars[k] = torch.as_tensor(pg_m[k], device=logp.device)
+        if tis is not None:
+            scalars["actor/tis_weight_mean"] = masked_mean(tis, mask).detach()
+        scalars["_tokens"] = mask.sum()
+        values = dict(zip(scalars, torch.stack([v.double().reshape(()) for v in scalars.values()]).tolist()))
         # token-weighted means over the mini-batch (micro-batch means x its token share)
-        w = token_share(micro, counts)
+        w = values.pop("_tokens") / max(counts["global_num_tokens"], 1.0)  # token_share(micro, counts)
         aux, moe_stats, expert_counts = self.router_terms(routed, w)
         if aux is not None:
             loss = loss + aux
+        stats: dict[str, float] = {k: values[k] for k in ("actor/kl_loss",) if k in values}
         stats.update(moe_stats)
-        stats["actor/pg_loss"] = pg_loss.item()
-        stats["actor/entropy"] = ent.item()
+        stats["actor/pg_loss"] = values["actor/pg_loss"]
+        stats["actor/entropy"] = values["actor/entropy"]
         for k in ("actor/ppo_kl", "actor/pg_clipfrac", "actor/pg_clipfrac_lower"):
-            stats[k] = float(pg_m[k]) * w
+            stats[k] = values[k] * w
         if tis is not None:
-            stats["actor/tis_weight_mean"] = masked_mean(tis, mask).item() * w
+            stats["actor/tis_weight_mean"] = values["actor/tis_weight_mean"] * w
         return loss, MicroBatchOut(stats, expert_counts, old.float().cpu() if reuse_forward_as_old else None)
 
     def router_terms(self, routed: Routed | None, weight: float

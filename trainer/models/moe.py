@@ -172,10 +172,11 @@ class RouterRecorder:
         """
         E, k = self.num_experts, self.top_k
         probs_sum = [None] * self.num_layers
-        counts = torch.zeros(self.num_layers, E, dtype=torch.float64)
-        ent_sum = torch.zeros((), dtype=torch.float64)
-        tokens = torch.zeros(self.num_layers, dtype=torch.float64)
+        counts: list[torch.Tensor | None] = [None] * self.num_layers  # [E] float64 each, on the router's device
+        tokens: list[torch.Tensor | None] = [None] * self.num_layers  # [] float64 each
+        ent_sum: torch.Tensor | None = None  # [] float64
         mask = None
+        # everything stays on the device until the one copy to the host below (no sync per layer)
         for layer, t in self._events:
             if layer < 0:
                 mask = t.float()
@@ -187,18 +188,26 @@ class RouterRecorder:
             top = torch.topk(p.detach(), k, dim=-1).indices  # [T, k]
             c = torch.zeros(E, dtype=torch.float64, device=p.device).scatter_add_(
                 0, top.reshape(-1), m.double().repeat_interleave(k))
-            counts[layer] += c.cpu()
+            counts[layer] = c if counts[layer] is None else counts[layer] + c
             ent = -(p.detach() * torch.log(p.detach().clamp_min(1e-30))).sum(-1)
-            ent_sum += (ent.double() * m.double()).sum().cpu()
-            tokens[layer] += float(m.sum())
+            e = (ent.double() * m.double()).sum()
+            ent_sum = e if ent_sum is None else ent_sum + e
+            n = m.sum().double()  # the fp32 count of real tokens (exact below 2^24)
+            tokens[layer] = n if tokens[layer] is None else tokens[layer] + n
         self._events.clear()
         if any(ps is None for ps in probs_sum):
             raise RuntimeError("RouterRecorder.pop: a router saw no tokens in the captured forwards")
-        per_layer = [E / (k * max(float(tokens[i]), 1.0) ** 2) * (probs_sum[i] * counts[i].to(probs_sum[i])).sum()
+        n_tok = torch.stack(tokens)  # [L] float64
+        coef = E / (k * n_tok.clamp_min(1.0) ** 2)  # [L] float64, rounded once to the probabilities' dtype
+        cnt = torch.stack(counts)  # [L, E] float64
+        per_layer = [coef[i].to(probs_sum[i].dtype) * (probs_sum[i] * cnt[i].to(probs_sum[i])).sum()
                      for i in range(self.num_layers)]
         loss = torch.stack(per_layer).sum()
-        stats = {"actor/moe/load_balancing_loss": float(loss.detach()) / self.num_layers,
-                 "actor/moe/router_entropy": float(ent_sum) / max(float(tokens.sum()), 1.0)}
+        host = torch.cat([cnt.flatten(), torch.stack([loss.detach().double(), ent_sum, n_tok.sum()])]).cpu()
+        counts = host[:-3].view(self.num_layers, E)
+        loss_v, ent_v, tok_v = host[-3:].tolist()
+        stats = {"actor/moe/load_balancing_loss": loss_v / self.num_layers,
+                 "actor/moe/router_entropy": ent_v / max(tok_v, 1.0)}
         return loss, stats, counts
 
     def remove(self) -> None:

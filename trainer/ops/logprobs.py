@@ -100,7 +100,9 @@ _COMPILED: dict[str, tuple[Callable, Callable]] = {}
 
 
 def compiled_chunk_fns(backend: str = "inductor") -> tuple[Callable, Callable]:
-    """`(_chunk_stats, _chunk_dlogits)` under `torch.compile(dynamic=False)`, built once per backend."""
+    """`(_chunk_stats, _chunk_dlogits)` under `torch.compile(dynamic=False)`, built once per backend. Each
+    (chunk rows, with_entropy, temperature) is its own graph: the caller raises dynamo's recompile limit
+    (`trainer.backends.compile.raise_recompile_limit`, as `actor.compile` and `actor.lm_head_compile` do)."""
     if backend not in _COMPILED:
         _COMPILED[backend] = (torch.compile(_chunk_stats, dynamic=False, backend=backend),
                               torch.compile(_chunk_dlogits, dynamic=False, backend=backend))
@@ -319,13 +321,15 @@ def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompt
 
 
 def response_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 1024,
-                      with_entropy: bool = False, share_prompts: bool = True, compile_backend: str | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      with_entropy: bool = False, share_prompts: bool = True, compile_backend: str | None = None,
+                      lm_head_compile_backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`(logprobs [N, R], entropy [N, R])` of the batch's responses under `model`. `compile_backend`: the
     compiled mode of the module docstring (fixed shapes, no shared-prompt KV path, compiled LM-head chunks);
-    the decoder layers themselves are compiled by `trainer.backends.compile.compile_decoder_layers`."""
+    the decoder layers themselves are compiled by `trainer.backends.compile.compile_decoder_layers`.
+    `lm_head_compile_backend`: the compiled LM-head chunks alone (`actor.lm_head_compile`), the decoder as it is."""
     compiled = compile_backend is not None
     hidden = response_hidden_states(model, batch, share_prompts=share_prompts and not compiled,
                                     seq_multiple=SEQ_MULTIPLE if compiled else 1)
     return lm_head_logprobs(hidden, model.get_output_embeddings(), batch.responses, temperature=temperature,
-                            chunk_size=chunk_size, with_entropy=with_entropy, compile_backend=compile_backend)
+                            chunk_size=chunk_size, with_entropy=with_entropy,
+                            compile_backend=compile_backend or lm_head_compile_backend)

@@ -491,6 +491,9 @@ class MegatronActor(Actor):
         self.megatron_optimizer = None
         self.master = None
         self.compile_backend = None
+        from trainer.backends.actor import lm_head_compile_backend
+
+        self.lm_head_backend = lm_head_compile_backend(cfg, device)  # actor.lm_head_compile (auto: on CUDA)
         self.router = None  # MoE: router statistics (actor/moe/*); the aux loss is megatron's own
         self._mini_batch_tokens: float | None = None  # response tokens of the mini-batch being updated
         if bridge.config.num_moe_experts:
@@ -589,7 +592,8 @@ class MegatronActor(Actor):
         h = torch.gather(hidden, 1, index[..., None].expand(-1, r, hidden.shape[-1]))  # [N, R, H]
         head = SimpleNamespace(weight=output_weight(self.gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
         return lm_head_logprobs(h, head, micro.responses, temperature=self.temperature,
-                                chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy)
+                                chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy,
+                                compile_backend=self.lm_head_backend)
 
     # ------------------------------------------------------------------ pipeline parallelism (megatron_pipeline.py)
     def forward_backward(self, micros: list[Batch], loss_fn: LossFn) -> list[MicroBatchOut]:
