@@ -4,10 +4,11 @@
 #   make test     # install, then unit + integration tests and every suite's `cpu` profile (make test-suites)
 #   make selftest # plant each known trainer bug in a scratch copy, run the cpu profile's first step, table
 #                 # of the checks that caught it (reports/selftest/; 15 short SmolLM2 runs)
+#   make selftest-random  # RANDOM_N mutants drawn from the trainer's code, mutation score (reports/selftest/)
 #
 PYTHON ?= python3
 
-.PHONY: install train test test-unit test-suites bench selftest
+.PHONY: install train test test-unit test-suites bench selftest selftest-random
 
 install:
 	bash ci/setup.sh
@@ -33,6 +34,14 @@ test-suites:
 selftest:
 	$(PYTHON) -m rlbench selftest --set data.train_batch_size=4 --set actor.ppo_mini_batch_size=2 \
 		--set trainer.num_threads=1
+
+# RANDOM_N mutants drawn with seed RANDOM_SEED from the trainer's own code by ast operators, each trained one
+# step on a tiny random llama (SmolLM2's architecture) and checked; the mutation score, equivalent mutants apart
+# (rlbench/selftest/random_mutants.py). Not part of `make test`.
+RANDOM_N ?= 40
+RANDOM_SEED ?= 0
+selftest-random:
+	$(PYTHON) -m rlbench selftest --random $(RANDOM_N) --random-seed $(RANDOM_SEED)
 
 bench:
 	$(PYTHON) tests/benchmarks/bench_cpu_step.py

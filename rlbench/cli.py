@@ -259,6 +259,13 @@ def cmd_selftest(args: argparse.Namespace) -> int:
     from rlbench.run.runner import find_suite
     from rlbench.selftest.run import exit_code, markdown, run_selftest
 
+    if args.random is not None:
+        from rlbench.selftest import random_mutants
+
+        res = random_mutants.run_random(find_suite(args.suite), args.profile, num=args.random, seed=args.random_seed,
+                                        work=args.work, out=args.out, sets=args.set)
+        print(random_mutants.markdown(res))
+        return 0
     seeds = [int(x) for x in args.clean_seeds.split(",")] if args.clean_seeds else None
     result = run_selftest(find_suite(args.suite), args.profile, mutations=args.mutations.split(",") if args.mutations else None,
                           clean_seeds=seeds, mutation_seed=args.mutation_seed, steps=args.steps or None,
@@ -374,6 +381,10 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--set", action="append", metavar="KEY=VALUE", default=[], help="trainer override (repeatable)")
     st.add_argument("--rev", help="mutate the trainer of this git commit (default: the working tree's)")
     st.add_argument("--evaluate-only", action="store_true", help="train nothing; re-check the runs in --work")
+    st.add_argument("--random", type=int, metavar="N", help="instead of the named mutations: N mutants drawn from "
+                    "the trainer's code with ast operators, each on a tiny model for one step (rlbench/selftest/"
+                    "random_mutants.py); prints the mutation score")
+    st.add_argument("--random-seed", type=int, default=0, help="seed of the --random draw (default 0)")
     st.add_argument("--work", default="runs/selftest", help="run folders (default runs/selftest)")
     st.add_argument("--out", default="reports/selftest", help="table .md and .json (default reports/selftest)")
     st.set_defaults(func=cmd_selftest)
