@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
-from trainer.distributed.cluster import free_port
+from trainer.platform.env import free_port
 
 
 def spawn_ranks(worker: Callable[..., None], world: int, *args: Any) -> None:

@@ -20,6 +20,7 @@ from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
 from trainer.rollout import sglang_engine, vllm_engine
 from trainer.rollout.base import SamplingParams
+from trainer.rollout.checkpoint_layout import hf_weight_name
 from trainer.rollout.registry import build_engine
 from trainer.rollout.sglang_engine import (
     SGLangRolloutEngine,
@@ -34,7 +35,6 @@ from trainer.rollout.vllm_engine import (
     VLLMRolloutEngine,
     check_tensor_parallel,
     check_version,
-    hf_weight_name,
     llm_kwargs,
     model_dir_for_engine,
     vllm_sampling_kwargs,

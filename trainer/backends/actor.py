@@ -428,7 +428,7 @@ class Actor:
     def checkpoint_layout(self) -> str:
         """How the Ray workers' checkpoint holds this policy (`trainer/distributed/actor_state.py`):
         `plain` (one worker's state is all of it) or `fsdp_full` (FSDP2 shards gathered to full state)."""
-        from trainer.distributed.actor_state import layout_of
+        from trainer.backends.fsdp import layout_of
 
         return layout_of(self.model)
 

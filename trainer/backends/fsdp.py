@@ -83,6 +83,11 @@ def is_sharded(model: torch.nn.Module) -> bool:
     return isinstance(model, FSDPModule)
 
 
+def layout_of(model: torch.nn.Module) -> str:
+    """`fsdp_full` for an FSDP2-sharded model, else `plain` (`Actor.checkpoint_layout` for a policy)."""
+    return "fsdp_full" if is_sharded(model) else "plain"
+
+
 @torch.no_grad()
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Unsharded parameters on the CPU by name (a collective: every rank must call it)."""

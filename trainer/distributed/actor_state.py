@@ -43,13 +43,6 @@ from trainer.errors import ConfigError
 ACTOR_FILE = "actor.pt"
 
 
-def layout_of(model: torch.nn.Module) -> str:
-    """`fsdp_full` for an FSDP2-sharded model, else `plain` (`Actor.checkpoint_layout` for a policy)."""
-    from trainer.backends.fsdp import is_sharded
-
-    return "fsdp_full" if is_sharded(model) else "plain"
-
-
 def gather_full_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """`{"model", "optimizer"}` full state dicts of a sharded model on rank 0 ({} elsewhere; a collective)."""
     from torch.distributed.checkpoint.state_dict import (

@@ -14,7 +14,6 @@ processes outlive the driver, even after kill -9, and a run clears what a killed
 from __future__ import annotations
 
 import os
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -115,12 +114,6 @@ def get(refs: Any, *, what: str, context: str = "") -> Any:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise WorkerDiedError(f"{what} died{(' ' + context) if context else ''}: {first[:200]} "
                               f"(fix: check the worker's log above for the cause, e.g. out of memory)") from None
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def node_ip() -> str:

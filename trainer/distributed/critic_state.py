@@ -33,9 +33,10 @@ from typing import Any
 import torch
 
 from trainer.backends.critic import Critic
+from trainer.backends.fsdp import layout_of
 from trainer.components.batch import Batch
 from trainer.config import TrainerConfig
-from trainer.distributed.actor_state import gather_full_state, layout_of, read_state, scatter_full_state
+from trainer.distributed.actor_state import gather_full_state, read_state, scatter_full_state
 from trainer.distributed.sharding import worker_actor_config
 
 CRITIC_FILE = "critic.pt"

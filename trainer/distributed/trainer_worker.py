@@ -88,7 +88,8 @@ class TrainerWorker:
 
     def address(self) -> tuple[str, int]:
         """(node ip, free port) for the data-parallel group's rendezvous (called on rank 0)."""
-        from trainer.distributed.cluster import free_port, node_ip
+        from trainer.distributed.cluster import node_ip
+        from trainer.platform.env import free_port
 
         return node_ip(), free_port()
 

@@ -418,3 +418,9 @@ def prepare_run_env(engine: str, environ: MutableMapping[str, str] | None = None
     env = collect_env(environ=environ)
     env["rocm_env_applied"] = applied
     return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

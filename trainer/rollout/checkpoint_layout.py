@@ -32,7 +32,16 @@ from typing import Any
 import torch
 
 from trainer.errors import ConfigError
-from trainer.rollout.vllm_engine import hf_weight_name
+
+# Prefixes wrappers add to parameter names (torch.compile, DDP, FSDP1, activation checkpointing);
+# the engines' loaders expect the bare HF checkpoint names.
+_WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+def hf_weight_name(name: str) -> str:
+    """The HF checkpoint name of a trainer parameter: wrapper prefixes removed anywhere in the path."""
+    parts = [p for p in name.split(".") if p not in {w.rstrip(".") for w in _WRAPPER_PREFIXES}]
+    return ".".join(parts)
 
 
 def _conversions(model: torch.nn.Module) -> list[Any] | None:

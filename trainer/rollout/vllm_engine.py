@@ -84,13 +84,11 @@ import torch
 from trainer.errors import ConfigError, RLBenchError
 from trainer.models.loading import resolve_dtype
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
+from trainer.rollout.checkpoint_layout import CheckpointLayout, hf_weight_name
 
 SUPPORTED_SERIES = "0.32"  # the vLLM release series this adapter is written against (pyproject extras)
 WORKER_EXTENSION = "trainer.rollout.vllm_worker.RLBenchWorkerExtension"
 
-# Prefixes wrappers add to parameter names (torch.compile, DDP, FSDP1, activation checkpointing);
-# the engines' loaders expect the bare HF checkpoint names.
-_WRAPPER_PREFIXES = ("_orig_mod.", "module.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
 _FINISH_REASONS = {"stop": "stop", "length": "length", "abort": "abort"}
 
 
@@ -129,12 +127,6 @@ def check_tensor_parallel(tp: int, device: torch.device) -> None:
         where = f"{devices} visible GPU(s)" if device.type == "cuda" else "the CPU (one device; the CPU backend is run with TP=1 here)"
         raise ConfigError(f"rollout.tensor_parallel_size={tp} is larger than {where} "
                           f"(fix: set rollout.tensor_parallel_size to at most {devices})")
-
-
-def hf_weight_name(name: str) -> str:
-    """The HF checkpoint name of a trainer parameter: wrapper prefixes removed anywhere in the path."""
-    parts = [p for p in name.split(".") if p not in {w.rstrip(".") for w in _WRAPPER_PREFIXES}]
-    return ".".join(parts)
 
 
 def engine_weights(named_tensors: Iterable[tuple[str, torch.Tensor]], dtype: torch.dtype | None = None,
@@ -463,7 +455,6 @@ def build(cfg: Any, model: torch.nn.Module, tokenizer: Any, eos_ids: list[int], 
     dtype = resolve_dtype(cfg.model.dtype)
     specs = [(hf_weight_name(n), tuple(p.shape), dtype or p.dtype) for n, p in model.named_parameters()]
     from trainer.models.vlm import is_vlm, load_vision_processor
-    from trainer.rollout.checkpoint_layout import CheckpointLayout
 
     layout = CheckpointLayout(model)
 

@@ -204,7 +204,7 @@ def init_parallel(tp: int = 1, ep: int = 1, *, pp: int = 1, seed: int = 0) -> No
 
     cpu_shim()
     if not dist.is_initialized():
-        from trainer.distributed.cluster import free_port
+        from trainer.platform.env import free_port
 
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
