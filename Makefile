@@ -4,11 +4,12 @@
 #   make test     # install, then unit + integration tests and every suite's `cpu` profile (make test-suites)
 #   make selftest # plant each known trainer bug in a scratch copy, run the cpu profile's first step, table
 #                 # of the checks that caught it (reports/selftest/; 15 short SmolLM2 runs)
+#   make rehearse # every suite's full and mini profile on CPU at tiny scale, verdict on mechanics (reports/rehearsal/)
 #   make selftest-random  # RANDOM_N mutants drawn from the trainer's code, mutation score (reports/selftest/)
 #
 PYTHON ?= python3
 
-.PHONY: install train test test-unit test-suites bench selftest selftest-random
+.PHONY: install train test test-unit test-suites bench selftest selftest-random rehearse
 
 install:
 	bash ci/setup.sh
@@ -42,6 +43,12 @@ RANDOM_N ?= 40
 RANDOM_SEED ?= 0
 selftest-random:
 	$(PYTHON) -m rlbench selftest --random $(RANDOM_N) --random-seed $(RANDOM_SEED)
+
+# Every suite x {full, mini} x mode rehearsed on CPU, one at a time (rlbench/rehearse/: tiny models of the same
+# architectures, the profiles' engines, backends and parallel layouts); the table in reports/rehearsal/README.md,
+# the lines `rlbench list` prints. Not part of `make test` (the transform's unit test is).
+rehearse:
+	nice -n 10 $(PYTHON) -m pytest suites/ --rehearse -q -p no:cacheprovider
 
 bench:
 	$(PYTHON) tests/benchmarks/bench_cpu_step.py

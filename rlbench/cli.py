@@ -1,6 +1,7 @@
 """The `rlbench` command: run a case-study suite, check logs of a run made elsewhere, record golden values.
 
     rlbench list                                                   # suites, profiles, can each run here?
+    rlbench rehearse SUITE --profile full [--mode M]               # that profile on CPU at tiny scale (mechanics)
     rlbench run suites/verl_grpo_qwen3_8b_sglang_gfx950.yaml --profile cpu
     rlbench run verl_dapo_qwen25_math_7b_fully_async_gfx942 --profile cpu --set trainer.total_steps=4
     rlbench check run/metrics.jsonl --suite verl_grpo_qwen3_8b_sglang_gfx950 --profile full --arch gfx950
@@ -294,7 +295,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    from rlbench.rehearse.run import main as rehearse_main
+
+    argv = [*args.suite] + (["--all"] if args.all else []) + [f"--profile={p}" for p in args.profile or []] + \
+        [f"--mode={m}" for m in args.mode or []] + ([f"--fault={args.fault}"] if args.fault else []) + \
+        [f"--timeout-s={args.timeout_s}"]
+    return rehearse_main(argv)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
+    from rlbench.rehearse.run import rehearsal_status
     from rlbench.run.runner import PROJECT_ROOT, machine_info
 
     directory = Path(args.suites_dir) if args.suites_dir else (
@@ -310,7 +321,8 @@ def cmd_list(args: argparse.Namespace) -> int:
         for pname in suite.profile_names():
             prof = suite.profile(pname)
             unmet = profile_unmet_requirements(suite, pname, info)
-            can = "runs here" if not unmet else "cannot run here: " + "; ".join(unmet)
+            stops = rehearsal_status(suite.id, pname)  # lines recorded by `rlbench rehearse`, never by hand
+            can = "; ".join(stops) if stops else "runs here" if not unmet else "cannot run here: " + "; ".join(unmet)
             print(f"  {pname:8} {'+'.join(prof.modes):22} {prof.steps:4} steps  {can}")
     return 0
 
@@ -400,6 +412,16 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--label-b", help="name of side B (default: its folder name)")
     cp.add_argument("--out", default="compare.html", help="the HTML page (default compare.html)")
     cp.set_defaults(func=cmd_compare)
+
+    rh = sub.add_parser("rehearse", help="run a full/mini profile on CPU at tiny scale; verdict on mechanics "
+                        "(rlbench/rehearse/)")
+    rh.add_argument("suite", nargs="*", help="suite ids or files (none with --all)")
+    rh.add_argument("--all", action="store_true", help="every suite in suites/")
+    rh.add_argument("--profile", action="append", choices=("full", "mini"), help="full and/or mini (default both)")
+    rh.add_argument("--mode", action="append", choices=MODE_NAMES, help="only this mode (repeatable)")
+    rh.add_argument("--fault", choices=("tp_shard",), help="plant a fault in the parallel path (rlbench/rehearse/faults.py)")
+    rh.add_argument("--timeout-s", type=int, default=1500, help="per rehearsal (default 1500)")
+    rh.set_defaults(func=cmd_rehearse)
 
     ls = sub.add_parser("list", help="suites, profiles, and whether each can run here")
     ls.add_argument("--arch", help="see the machine as this arch (default: detected)")

@@ -94,6 +94,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="trainer override for every run, e.g. trainer.total_steps=2 (repeatable)")
     g.addoption("--rlbench-store", default=None, metavar="PATH",
                 help="append each profile's run to this results store (default: $RLBENCH_STORE, else none)")
+    g.addoption("--rehearse", action="store_true",
+                help="rehearse the full and mini profiles on this CPU at tiny scale instead (rlbench/rehearse/): "
+                     "one item per profile and mode, a verdict on mechanics only")
     g.addoption("--rlbench-trusted", action="store_true",
                 help="mark the runs trusted, a baseline for history references (also RLBENCH_TRUSTED=1)")
 
@@ -267,7 +270,7 @@ def pytest_configure(config: pytest.Config) -> None:
         detected = str(env.get("arch") or "cpu")
         state.arch = config.getoption("--arch") or detected
         msg = arch_mismatch(state.arch, detected, env.get("device_name"))
-        if msg:
+        if msg and not config.getoption("--rehearse"):  # a rehearsal runs on this CPU whatever --arch names
             raise pytest.UsageError(msg)
         state.machine = machine_info(state.arch, env)
         state.device_name = state.machine["device_name"]
@@ -321,6 +324,11 @@ class SuiteFile(pytest.File):
             suite = load_suite(self.path)
         except RLBenchError as e:
             raise self.CollectError(str(e)) from None
+        if self.config.getoption("--rehearse"):
+            from rlbench.rehearse.pytest_items import rehearsal_items
+
+            yield from rehearsal_items(self, suite, self.config.stash[_STATE].profiles)
+            return
         for profile in self.config.stash[_STATE].profiles:
             if profile not in suite.profile_names():  # an optional profile (cpu-vllm) this suite lacks
                 continue
