@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from trainer.data import ensure_synthetic, load_rows, make_arithmetic_rows, split_rows
-from trainer.data.synthetic import evaluate, main, parse_spec, resolve_difficulty
+from trainer.data.splits import resolve_difficulty
+from trainer.data.synthetic import evaluate, main, parse_spec
 from trainer.errors import DataError
 from trainer.rewards import compute_score
 

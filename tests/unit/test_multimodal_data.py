@@ -8,7 +8,8 @@ pytest.importorskip("PIL", reason="image rows need Pillow (a base dependency: pi
 
 from trainer.data.dataset import PromptDataset, load_rows, validate_rows  # noqa: E402
 from trainer.data.multimodal import decode_image, png_bytes  # noqa: E402
-from trainer.data.synthetic import ensure_synthetic, write_rows  # noqa: E402
+from trainer.data.splits import write_rows  # noqa: E402
+from trainer.data.synthetic import ensure_synthetic  # noqa: E402
 from trainer.data.synthetic_geometry import _figures, answer_of, make_geometry_rows, render, split_of  # noqa: E402
 from trainer.errors import DataError  # noqa: E402
 

@@ -11,7 +11,7 @@ from trainer.backends.actor import Actor  # noqa: E402
 from trainer.components.batch import batch_from_rollout  # noqa: E402
 from trainer.config import ActorConfig, ModelConfig, load_config  # noqa: E402
 from trainer.data.dataset import PromptDataset, load_rows  # noqa: E402
-from trainer.data.synthetic import write_rows  # noqa: E402
+from trainer.data.splits import write_rows  # noqa: E402
 from trainer.data.synthetic_geometry import make_geometry_rows  # noqa: E402
 from trainer.errors import ConfigError  # noqa: E402
 from trainer.models.loading import eos_token_ids, load_model_and_tokenizer  # noqa: E402

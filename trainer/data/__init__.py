@@ -14,10 +14,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from trainer.data.dataset import PromptDataset, load_rows, tokenize_prompt, validate_rows
+from trainer.data.chat import tokenize_prompt
+from trainer.data.dataset import PromptDataset, load_rows, validate_rows
 from trainer.data.sampler import EpochSampler
+from trainer.data.splits import write_rows
 
-_SYNTHETIC = ("ensure_synthetic", "make_arithmetic_rows", "split_rows", "write_rows")
+_SYNTHETIC = ("ensure_synthetic", "make_arithmetic_rows", "split_rows")
 
 __all__ = [
     "EpochSampler", "PromptDataset", "ensure_synthetic", "load_rows", "make_arithmetic_rows", "split_rows",

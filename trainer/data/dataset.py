@@ -12,10 +12,8 @@ A row (one prompt) in verl's format, as stored in ``.parquet``, ``.jsonl`` or ``
 validates every row; bad input raises `DataError` naming the file, the row index and the field.
 Parquet hands back nested lists as numpy arrays; rows are converted to plain Python first.
 
-`PromptDataset` tokenizes each prompt with the tokenizer's chat template
-(``apply_chat_template(messages, add_generation_prompt=True, tokenize=True)``). A tokenizer
-without a chat template gets the plain-text fallback ``"role: content"`` lines joined by
-newlines, then ``"assistant:"`` on its own line. Prompts longer than `max_prompt_length`
+`PromptDataset` tokenizes each prompt with `trainer.data.chat.tokenize_prompt` (the tokenizer's chat
+template, or a plain-text fallback). Prompts longer than `max_prompt_length`
 tokens are dropped and counted (`num_filtered`), or are an error with
 ``filter_overlong_prompts=False``. `next_batch()` serves training batches from a seeded
 `EpochSampler` whose state resumes exactly; iterating the dataset gives one pass in row order
@@ -42,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data.chat import tokenize_prompt
 from trainer.data.multimodal import IMAGE_KEY, validate_images
 from trainer.data.sampler import EpochSampler
 from trainer.errors import DataError
@@ -208,20 +207,6 @@ def load_rows(path: str | Path, *, field: str | None = None) -> list[dict[str, A
     if path.suffix not in _SUFFIXES:
         raise DataError(f"{where}: unsupported file type {path.suffix!r} (fix: use .parquet, .jsonl or .json)")
     return validate_rows(_read_file(path, where), str(path), field, base_dir=path.parent)
-
-
-def tokenize_prompt(tokenizer: Any, messages: list[dict[str, str]]) -> list[int]:
-    """Token ids of a chat prompt ready for generation (see the module docstring for the fallback)."""
-    if getattr(tokenizer, "chat_template", None):
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(out, Mapping) or hasattr(out, "keys"):  # transformers >= 5 returns a BatchEncoding
-            out = out["input_ids"]
-        ids = list(out)
-        if ids and isinstance(ids[0], (list, tuple)):
-            ids = list(ids[0])
-        return [int(i) for i in ids]
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in messages) + "\nassistant:"
-    return [int(i) for i in tokenizer.encode(text)]
 
 
 class PromptDataset:

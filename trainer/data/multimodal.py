@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from trainer.data.chat import tokenize_prompt
 from trainer.errors import DataError
 
 IMAGE_PLACEHOLDER = "<image>"
@@ -153,8 +154,6 @@ class VisionProcessor:
     def encode_prompt(self, tokenizer: Any, messages: Sequence[Mapping[str, str]], images: Sequence[Any]
                       ) -> tuple[list[int], dict[str, torch.Tensor]]:
         """Prompt ids with each image's placeholder expanded to its feature count, and its `multi_modal_inputs`."""
-        from trainer.data.dataset import tokenize_prompt
-
         msgs = [{"role": m["role"], "content": m["content"].replace(IMAGE_PLACEHOLDER, self.image_text())}
                 for m in messages]
         ids = tokenize_prompt(tokenizer, msgs)

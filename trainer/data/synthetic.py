@@ -35,35 +35,23 @@ seed 0; split train. `ensure_synthetic(spec)` returns both splits (the val size 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qsl
 
-from trainer.errors import DataError, RLBenchError
+from trainer.data.splits import VAL_PERCENT, resolve_difficulty, write_splits
+from trainer.errors import DataError
 
 DATA_SOURCE = "synthetic/arithmetic"
 SPEC_PREFIX = "synthetic:"
-DIFFICULTIES = ("easy", "medium", "hard")
-VAL_PERCENT = 20
 DEFAULT_NUM = {"train": 2000, "val": 200}
 TASKS = ("arithmetic", "geometry")
 
 Problem = tuple[tuple[int, ...], tuple[str, ...]]  # (operands, operators)
-
-
-def resolve_difficulty(difficulty: str | int) -> str:
-    """'easy'/'medium'/'hard' or level 1/2/3 -> the name; ValueError otherwise."""
-    if isinstance(difficulty, int) and 1 <= difficulty <= len(DIFFICULTIES):
-        return DIFFICULTIES[difficulty - 1]
-    if isinstance(difficulty, str) and difficulty.lower() in DIFFICULTIES:
-        return difficulty.lower()
-    raise ValueError(f"difficulty must be one of {DIFFICULTIES} or 1-3, got {difficulty!r}")
 
 
 def evaluate(operands: Sequence[int], operators: Sequence[str]) -> int:
@@ -173,23 +161,6 @@ def split_rows(
     return [rows[i] for i in order[num_val:]], [rows[i] for i in order[:num_val]]
 
 
-def write_rows(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Write rows to ``.parquet`` (pandas/pyarrow), ``.jsonl`` or ``.json``; returns the path."""
-    import pandas as pd
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".parquet":
-        pd.DataFrame(list(rows)).to_parquet(path, index=False)
-    elif path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    elif path.suffix == ".json":
-        path.write_text(json.dumps(list(rows)))
-    else:
-        raise DataError(f"cannot write {path}: unknown extension (fix: use .parquet, .jsonl or .json)")
-    return path
-
-
 @dataclass(frozen=True)
 class SyntheticSpec:
     """A parsed ``synthetic:<task>-<difficulty>?num=&seed=&split=&num_val=`` string."""
@@ -271,21 +242,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="output directory for train.<fmt> and val.<fmt>")
     args = parser.parse_args(argv)
     return write_splits(make_arithmetic_rows, args, args.format)
-
-
-def write_splits(make_rows: Any, args: argparse.Namespace, fmt: str) -> int:
-    """The generators' CLIs: `make_rows(num, difficulty=, seed=, split=)` for the train and val splits of
-    `args` (difficulty, num_train, num_val, seed, out), written as `<out>/<split>.<fmt>`; 2 on bad input."""
-    try:
-        difficulty = resolve_difficulty(int(args.difficulty) if args.difficulty.isdigit() else args.difficulty)
-        for split, num in (("train", args.num_train), ("val", args.num_val)):
-            rows = make_rows(num, difficulty=difficulty, seed=args.seed, split=split)
-            path = write_rows(rows, Path(args.out) / f"{split}.{fmt}")
-            print(f"wrote {len(rows)} {difficulty} {split} rows to {path}")
-    except (ValueError, RLBenchError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
 
 
 if __name__ == "__main__":

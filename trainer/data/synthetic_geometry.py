@@ -41,7 +41,7 @@ import zlib
 from typing import Any
 
 from trainer.data.multimodal import IMAGE_PLACEHOLDER, png_bytes
-from trainer.data.synthetic import VAL_PERCENT, resolve_difficulty, write_splits
+from trainer.data.splits import VAL_PERCENT, resolve_difficulty, write_splits
 
 DATA_SOURCE = "synthetic/geometry"
 SIZE = 48

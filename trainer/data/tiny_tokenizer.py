@@ -43,7 +43,8 @@ CHATML_TEMPLATE = (
 
 def _training_corpus() -> list[str]:
     """ASCII, chat scaffolding and a few hundred synthetic prompts/answers of every difficulty."""
-    from trainer.data.synthetic import DIFFICULTIES, make_arithmetic_rows
+    from trainer.data.splits import DIFFICULTIES
+    from trainer.data.synthetic import make_arithmetic_rows
 
     texts = [string.printable, "system\nuser\nassistant\n", "Answer: ", "The answer is "]
     for difficulty in DIFFICULTIES:

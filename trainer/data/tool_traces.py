@@ -33,7 +33,7 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from trainer.data.dataset import tokenize_prompt
+from trainer.data.chat import tokenize_prompt
 from trainer.data.synthetic import evaluate, make_arithmetic_rows
 
 

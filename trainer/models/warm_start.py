@@ -157,7 +157,7 @@ def train_tool_warm_start(model: torch.nn.Module, tokenizer: Any, ws: WarmStartC
 
     torch.manual_seed(ws.seed)
     held_out = make_arithmetic_rows(32, difficulty=ws.difficulty, seed=ws.seed, split="val")
-    from trainer.data.dataset import tokenize_prompt
+    from trainer.data.chat import tokenize_prompt
 
     held_prompts = [tokenize_prompt(tokenizer, r["prompt"]) for r in held_out]
     model.float()
