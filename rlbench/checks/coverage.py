@@ -8,9 +8,11 @@
 A run is expected to span step 0 or 1 (validation before training, or the first training step)
 to the profile's `steps`. `first`/`mean_first` read the start, `final`/`mean_last` the end, every
 other statistic (and `steps_to_reach`'s count) its whole window; a windowed statistic needs the
-window's steps. `conclusive_on_partial` says which verdicts more steps could not change (a peak
->= bound already reached; a band already left; a non-finite value already seen): those stand on
-a partial log, every other verdict there becomes `not_evaluated` (rlbench/checks/metric.py).
+window's steps, all of them: a window that reaches past the log's last step (`[190, 250]` on a
+200-step log, even when the profile has 200 steps) is not evaluated on the part that exists.
+`conclusive_on_partial` says which verdicts more steps could not change (a peak >= bound already
+reached; a band already left; a non-finite value already seen): those stand on a partial log,
+every other verdict there becomes `not_evaluated` (rlbench/checks/metric.py).
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ class Coverage:
         return self.first <= max(lo, 1)
 
     def has_end(self, hi: int | None = None) -> bool:
-        end = self.steps if hi is None else (hi if self.steps is None else min(hi, self.steps))
+        end = self.steps if hi is None else hi  # a window reads every step to its end, even past `steps`
         return end is None or self.last >= end
 
     def note(self) -> str:
@@ -66,13 +68,15 @@ class Coverage:
         if needs_start and not self.has_start(lo):
             lacks.append(f"starts at step {self.first}, after step {max(lo, 1)}")
         if needs_end and not self.has_end(hi):
-            end = hi if self.steps is None else (self.steps if hi is None else min(hi, self.steps))
+            end = self.steps if hi is None else hi
             lacks.append(f"ends at step {self.last}, before step {end}")
         if not lacks:
             return ""
         span = f"steps {lo}-{hi}" if window is not None else "the run's " + (
             "start" if not needs_end else "end" if not needs_start else "steps")
-        return f"{stat or 'every step'} needs {span}; the log {' and '.join(lacks)}"
+        past = (f"; the window ends past the profile's {self.steps} steps: fix the window"
+                if hi is not None and self.steps is not None and hi > self.steps else "")
+        return f"{stat or 'every step'} needs {span}; the log {' and '.join(lacks)}{past}"
 
 
 def conclusive_on_partial(stat: str | None, op: str, passed: bool) -> bool:

@@ -4,7 +4,7 @@ A run is a pandas DataFrame indexed by `step` with one column per metric (NaN wh
 lacks the metric), as produced by `rlbench.ingest.load`. A check takes one statistic of one metric
 series, restricted to an inclusive step window `[a, b]` when given, and compares it:
 
-    statistics (NaN steps dropped first)
+    statistics (steps without a value dropped first; a NaN the log gave: see below)
       peak | max   max_t x_t            min      min_t x_t
       final        x at the last step   first    x at the first step
       mean, median over the window      mean_last(n), mean_first(n): mean of the last/first n values
@@ -21,8 +21,12 @@ series, restricted to an inclusive step window `[a, b]` when given, and compares
 
 What a check saw: a reference whose metric is not in the log, whose window has no logged value,
 or whose statistic needs a part of the run the log lacks is `not_evaluated` with the reason,
-never a pass. The run is expected to span step 0 or 1 to the profile's `steps`; `first` and
-`mean_first` need its start, `final` and `mean_last` its end, every other statistic its whole
+never a pass. A step where the log gave the metric as NaN (`frame.attrs["nan_steps"]`,
+rlbench/ingest/load.py) is a step whose value is unknown, like a step the log lacks: a
+statistic that reads it stands only when no value there could change the verdict (below), else
+it is `not_evaluated` with the count of NaN steps (`no_nan` counts them itself and fails).
+The run is expected to span step 0 or 1 to the profile's `steps`; `first` and `mean_first`
+need its start, `final` and `mean_last` its end, every other statistic its whole
 window. On a partial log only a conclusive verdict stands (a peak >= bound already reached, a
 band already left, a non-finite value already seen); the rest are `not_evaluated`, and every
 result of a partial log carries `coverage` ("log has steps 80-200 of the profile's 0-200
@@ -33,6 +37,7 @@ result of a partial log carries `coverage` ("log has steps 80-200 of the profile
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import math
 from dataclasses import dataclass
@@ -172,6 +177,54 @@ def _span(steps: np.ndarray) -> str:
     return f"{steps[0]}-{steps[-1]}" if len(steps) else "none"
 
 
+# ---------------------------------------------------------------------------- NaN the log gave
+def nan_steps_read(frame: pd.DataFrame, metric: str, stat: str | None, n: int,
+                   window: tuple[int, int] | None) -> np.ndarray:
+    """[K] steps in the window where the log gave `metric` as NaN and `stat` would have read a value.
+
+    `first`/`mean_first` read the window's first (n) logged steps, `final`/`mean_last` its last;
+    every other statistic (and a band) reads all of them.
+    """
+    logged = (frame.attrs.get("nan_steps") or {}).get(metric)
+    if logged is None or not len(logged):
+        return np.empty(0, dtype=np.int64)
+    nan = np.asarray(logged, dtype=np.int64)
+    if window is not None:
+        nan = nan[(nan >= window[0]) & (nan <= window[1])]
+    if not len(nan) or stat not in ("first", "mean_first", "final", "mean_last"):
+        return nan
+    steps, _ = window_series(frame, metric, window)
+    k = 1 if stat in ("first", "final") else n
+    every = np.union1d(steps, nan)  # the logged steps, a value or NaN
+    read = every[:k] if stat in ("first", "mean_first") else every[-k:]
+    return nan[np.isin(nan, read)]
+
+
+def _ranges(steps: np.ndarray, most: int = 4) -> str:
+    """[50, 51, 52, 77] -> '50-52, 77'."""
+    runs: list[str] = []
+    start = prev = None
+    for s in map(int, steps):
+        if prev is not None and s == prev + 1:
+            prev = s
+            continue
+        if start is not None:
+            runs.append(f"{start}-{prev}" if prev != start else str(start))
+        start = prev = s
+    if start is not None:
+        runs.append(f"{start}-{prev}" if prev != start else str(start))
+    return ", ".join(runs[:most]) + (f" and {len(runs) - most} more" if len(runs) > most else "")
+
+
+def nan_reason(metric: str, label: str, nan: np.ndarray, window: tuple[int, int] | None, run: str = "") -> str:
+    """'actor/ppo_kl was logged as NaN at 10 steps in steps 1-200 (50-59): its max there is unknown ...'."""
+    where = f"in steps {window[0]}-{window[1]}" if window is not None else "of the log"
+    who = f" in the {run} run" if run else ""
+    return (f"{metric} was logged as NaN at {len(nan)} step{'s' if len(nan) != 1 else ''} {where}{who} "
+            f"({_ranges(nan)}): its {'value' if label == 'every step' else label} there is unknown (a no_nan "
+            "check is what fails a run on NaN)")
+
+
 # ---------------------------------------------------------------------------- missing values
 def missing_metric(frame: pd.DataFrame, metric: str, run: str) -> str:
     names = [str(c) for c in frame.columns]
@@ -196,6 +249,17 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
                  scope: str | None = None, coverage: Coverage | None = None) -> CheckResult:
     """One metric reference (kind 'metric') against one run; `coverage`: the steps the run should span."""
     result = _check_metric(ref, frame, tol=tol, run=run, check_id=check_id, note=note, source=source, scope=scope)
+    if ref.stat != "no_nan" and ref.metric in frame.columns:  # no_nan counts the NaN itself
+        nan = nan_steps_read(frame, ref.metric, ref.stat, ref.n, ref.window)
+        if len(nan) and not (result.verdict in ("pass", "fail") and
+                             conclusive_on_partial(ref.stat, ref.op or "", result.verdict == "pass")):
+            reason = nan_reason(ref.metric, stat_label(ref.stat, ref.n, ref.threshold), nan, ref.window)
+            return _with_note(unevaluated(ref, result.check_id, run, reason, result.statistic), coverage)
+        if len(nan):  # a verdict no value at those steps could change: it stands, and says so
+            word = f": {result.verdict.upper()}"
+            said = (f" (logged as NaN at {len(nan)} step{'s' if len(nan) != 1 else ''}, {_ranges(nan)}, which "
+                    "could not change it)")
+            result = dataclasses.replace(result, message=result.message.removesuffix(word) + said + word)
     if coverage is None or result.verdict not in ("pass", "fail"):
         return _with_note(result, coverage)
     lacks = needs_note(coverage, ref, ref.stat)
@@ -213,8 +277,6 @@ def check_metric(ref: Reference, frame: pd.DataFrame, *, tol: float, run: str = 
 
 
 def _with_note(result: CheckResult, coverage: Coverage | None) -> CheckResult:
-    import dataclasses
-
     note = coverage.note() if coverage is not None else ""
     return dataclasses.replace(result, coverage=note) if note else result
 
@@ -279,6 +341,10 @@ def check_ratio(ref: Reference, profile_modes: list[str], runs: dict[str, pd.Dat
         lacks = needs_note(cov, ref, ref.stat) if cov is not None else ""
         if lacks:
             return unevaluated(ref, cid, pair, f"{m} run: {lacks}", label)
+    for m in (ref.num, ref.den):
+        nan = nan_steps_read(runs[m], ref.metric, ref.stat, ref.n, ref.window)
+        if len(nan):
+            return unevaluated(ref, cid, pair, nan_reason(ref.metric, label, nan, ref.window, m), label)
     a = compute_stat(runs[ref.num], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
     b = compute_stat(runs[ref.den], ref.metric, ref.stat or "", n=ref.n, window=ref.window, threshold=ref.threshold)
     if a.value is None or b.value is None:

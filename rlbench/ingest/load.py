@@ -26,7 +26,14 @@ mid-value; a malformed JSON line elsewhere is a `DataError` naming the file and 
 Never a silent drop: steps that go back or come again after other steps (a resumed or
 concatenated run), negative steps (ignored), and lines over `MAX_LINE_BYTES` (skipped unread in
 console logs, refused in JSON logs, in bounded memory and time) are warned about; a binary
-file, an empty file or a directory is refused with one line.
+file, an empty file, a directory or what is not a regular file (`/dev/null`, a FIFO) is refused
+with one line, and so is a metric name with a byte that is not UTF-8 (it would read as a new
+metric while the real one goes missing at that step).
+
+A value logged as NaN (JSON `NaN`, the trainer's `"nan"`, a console `nan`) is a NaN in `frame`
+like a step without the metric; the steps where the log gave NaN are kept apart in
+`frame.attrs["nan_steps"]` (metric -> sorted steps), so that a check can tell a NaN the run
+logged from a step that did not log the metric (rlbench/checks/metric.py).
 """
 
 from __future__ import annotations
@@ -128,8 +135,35 @@ def _merge(rows: dict[int, dict[str, Any]], step: int, values: dict[str, Any]) -
         row.update(values)  # later keys win
 
 
+def _logged_nan(rows: dict[int, dict[str, Any]]) -> dict[str, list[int]]:
+    """Raw name -> the steps whose logged value is NaN (a float NaN or a NaN written as text)."""
+    out: dict[str, list[int]] = {}
+    for step, row in rows.items():
+        for key, v in row.items():
+            t = type(v)
+            if (t is float and math.isnan(v)) or (t is str and v.strip().lower().endswith(("nan", "nan)"))
+                                                   and (x := parse_scalar(v)) is not None and math.isnan(x)):
+                out.setdefault(key, []).append(step)
+    return out
+
+
 def _frame(rows: dict[int, dict[str, Any]], path: Path, fmt: str) -> pd.DataFrame:
-    """One float column per canonical metric name, from rows of raw (source-named) values."""
+    """One float column per canonical metric name, from rows of raw (source-named) values; the steps
+    where a metric was logged as NaN in `attrs["nan_steps"]`."""
+    frame = _values_frame(rows, path, fmt)
+    nan_at = {}
+    for raw, steps in _logged_nan(rows).items():
+        name = canonical_name_and_scale(str(raw), _SOURCE_OF_FORMAT[fmt])[0]
+        if name in frame.columns:
+            at = pd.Index(sorted(set(steps)), dtype="int64")
+            at = at[frame.loc[at, name].isna().to_numpy()]  # where another source name gave it no value
+            if len(at):
+                nan_at[name] = at.union(pd.Index(nan_at.get(name, []), dtype="int64")).to_numpy()
+    frame.attrs["nan_steps"] = nan_at
+    return frame
+
+
+def _values_frame(rows: dict[int, dict[str, Any]], path: Path, fmt: str) -> pd.DataFrame:
     if not rows:
         raise DataError(f"{path}: read as {fmt} but no step with metrics was found; check the file and fmt=")
     steps = sorted(rows)
@@ -291,8 +325,38 @@ def _accuracy_from_reward(frame: pd.DataFrame, path: Path, notes: list[str]) -> 
                 raise DataError(f"{path}: {side} leaves [0, 1], so rewards are not 0/1 and {col} is not an "
                                 "accuracy; drop --reward-is-accuracy")
         frame[twin] = frame[col]
+        if col in frame.attrs.get("nan_steps", {}):
+            frame.attrs["nan_steps"][twin] = frame.attrs["nan_steps"][col]
         notes.append(f"{col} read as {twin} (--reward-is-accuracy: 0/1 rewards)")
     return frame
+
+
+def _file_kind(path: Path) -> str:
+    import stat
+
+    mode = path.stat().st_mode
+    for test, what in ((stat.S_ISCHR, "a character device"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "not a file"
+
+
+def _refuse_undecodable_names(frame: pd.DataFrame, lines: list[str], path: Path) -> None:
+    """A metric name holding U+FFFD (a byte that is not UTF-8, replaced when read) is an error naming its line."""
+    for name in frame.columns:
+        name = str(name)
+        if "\ufffd" not in name:
+            continue
+        i = name.index("\ufffd")
+        piece = name[max(i - 12, 0): i + 12]
+        line = next((n for n, text in enumerate(lines, 1) if name in text), None) or next(
+            (n for n, text in enumerate(lines, 1) if piece in text), None)
+        where = f"{path}:{line}" if line else str(path)
+        shown = name.replace("\ufffd", "?")
+        raise DataError(f"{where}: metric name {shown!r} has a byte that is not UTF-8 (shown as ?), so it would "
+                        "read as a metric of its own; the log is damaged or in another encoding: fix that line, or "
+                        f"convert the file to UTF-8 (iconv -f LATIN1 -t UTF-8 {path.name})")
 
 
 def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: bool = False,
@@ -316,8 +380,11 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
             return MetricLog(frame=frame, source_format="tensorboard", warnings=warnings, path=path)
         raise DataError(f"{path}: is a directory, not a metrics log; pass the log file inside it "
                         "(e.g. metrics.jsonl)")
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"{path}: metrics log not found; check the path")
+    if not path.is_file():
+        raise DataError(f"{path}: not a regular file ({_file_kind(path)}), not a metrics log; pass the log file "
+                        "the run wrote (e.g. metrics.jsonl), or save the stream to a file first")
     lines, oversize = read_lines(path, max_line_bytes)
     if not any(lines):
         if oversize:
@@ -346,6 +413,7 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     drop_negative_steps(rows, seen, warnings)
     warnings.extend(step_order_warnings(seen))
     frame = _frame(rows, path, fmt)
+    _refuse_undecodable_names(frame, lines, path)
     notes: list[str] = []
     if reward_is_accuracy:
         frame = _accuracy_from_reward(frame, path, notes)

@@ -145,3 +145,60 @@ def test_first_of_a_metric_logged_only_later_is_not_evaluated() -> None:
     assert res["peak"].verdict == "pass"
     run.loc[1, "acc"] = 0.82  # validated at the first step
     assert _one(refs, run, steps=20)["first"].verdict == "pass"
+
+
+def test_a_window_past_the_log_end_is_not_evaluated() -> None:
+    """A `[190, 250]` window on a 200-step log of a 200-step profile: not a verdict on steps 190-200 alone."""
+    refs = [{"id": "mean", "metric": "critic/score/mean", "stat": "mean", "window": [190, 250], "op": ">=",
+             "value": 0.5},
+            {"id": "inside", "metric": "critic/score/mean", "stat": "mean", "window": [150, 200], "op": ">=",
+             "value": 0.5},
+            {"id": "peak", "metric": "critic/score/mean", "stat": "peak", "window": [190, 250], "op": ">=",
+             "value": 0.7}]
+    res = _one(refs, _run(0, 200, **RISING), steps=200)
+    assert res["mean"].verdict == "not_evaluated"
+    assert res["mean"].message.endswith(
+        "(mean needs steps 190-250; the log ends at step 200, before step 250; the window ends past the "
+        "profile's 200 steps: fix the window)")
+    assert res["inside"].verdict == "pass"  # a window the log holds is evaluated as before
+    assert res["peak"].verdict == "pass"  # already reached: steps 201-250 could not undo it
+
+
+def _nan_log(tmp: Path, nan_at: range, nan: str = "NaN") -> pd.DataFrame:
+    """A 200-step JSONL log, `actor/ppo_kl` logged as `nan` (JSON NaN, or the trainer's "nan") at `nan_at`."""
+    from rlbench.ingest.load import load_metrics
+
+    lines = []
+    for t in range(201):
+        kl = nan if t in nan_at else "0.0001"
+        lines.append(f'{{"step": {t}, "data": {{"critic/score/mean": {0.2 + 0.003 * t}, "actor/ppo_kl": {kl}}}}}')
+    (tmp / "nan.jsonl").write_text("\n".join(lines) + "\n")
+    return load_metrics(tmp / "nan.jsonl").frame
+
+
+@pytest.mark.parametrize("nan", ["NaN", '"nan"'])
+def test_nan_the_log_gave_inside_a_window_is_counted_not_skipped(tmp_path: Path, nan: str) -> None:
+    """NaN at steps 50-59: a statistic that reads them is unknown (not evaluated, with the count); a verdict
+    no value there could change stands; `no_nan` fails; statistics that do not read them are unchanged."""
+    refs = [{"id": "max", "metric": "actor/ppo_kl", "stat": "max", "window": [1, 200], "op": "<=", "value": 0.01},
+            {"id": "mean", "metric": "actor/ppo_kl", "stat": "mean", "op": "<=", "value": 0.01},
+            {"id": "band", "metric": "actor/ppo_kl", "op": "band", "lo": 0.0, "hi": 0.01},
+            {"id": "peak", "metric": "actor/ppo_kl", "stat": "peak", "op": ">=", "value": 1e-5},
+            {"id": "final", "metric": "actor/ppo_kl", "stat": "final", "op": "<=", "value": 0.01},
+            {"id": "late", "metric": "actor/ppo_kl", "stat": "max", "window": [100, 200], "op": "<=", "value": 0.01},
+            {"id": "nonan", "metric": "actor/ppo_kl", "stat": "no_nan"}]
+    frame = _nan_log(tmp_path, range(50, 60), nan)
+    res = _one(refs, frame, steps=200)
+    for cid in ("max", "mean", "band"):
+        assert res[cid].verdict == "not_evaluated", res[cid].message
+    assert ("actor/ppo_kl was logged as NaN at 10 steps in steps 1-200 (50-59): its max there is unknown"
+            in res["max"].message)
+    assert "NaN at 10 steps of the log (50-59): its value there is unknown" in res["band"].message
+    assert res["peak"].verdict == "pass"  # reached already: no value at 50-59 could lower a peak
+    assert "(logged as NaN at 10 steps, 50-59, which could not change it): PASS" in res["peak"].message
+    assert res["final"].verdict == "pass" and res["late"].verdict == "pass"  # they do not read steps 50-59
+    assert res["nonan"].verdict == "fail"
+    at_end = _one(refs, _nan_log(tmp_path, range(200, 201), nan), steps=200)
+    assert at_end["final"].verdict == "not_evaluated"  # the last step logged NaN: its value, not step 199's
+    clean = _one(refs, _nan_log(tmp_path, range(0)), steps=200)
+    assert {r.verdict for r in clean.values()} == {"pass"}

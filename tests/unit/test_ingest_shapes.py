@@ -322,3 +322,48 @@ def test_text_encodings_and_odd_steps(tmp_path: Path) -> None:
         path = _write(tmp_path / "s.jsonl", ['{"step": 1, "data": {"a/x": 1}}', f'{{"step": {raw}, "data": {{"a/x": 1}}}}'])
         with pytest.raises(DataError, match=r"s\.jsonl:2: step key 'step' has value .*, expected an integer"):
             load_metrics(path)
+
+
+def test_metric_name_with_a_byte_that_is_not_utf8_is_refused_naming_the_line(tmp_path: Path) -> None:
+    """`actor/pp\\xffo_kl` at line 3 would read as a new metric while actor/ppo_kl goes missing at that step."""
+    good = [b'{"step": %d, "data": {"actor/ppo_kl": 0.001}}' % t for t in (1, 2, 4)]
+    p = tmp_path / "m.jsonl"
+    p.write_bytes(b"\n".join([*good[:2], b'{"step": 3, "data": {"actor/pp\xffo_kl": 0.001}}', good[2]]) + b"\n")
+    with pytest.raises(DataError) as info:
+        load_metrics(p)
+    msg = str(info.value)
+    assert msg.startswith(f"{p}:3: metric name 'actor/pp?o_kl' has a byte that is not UTF-8") and "\n" not in msg
+    c = tmp_path / "c.log"  # a console log: the same, at its line
+    c.write_bytes(b"step:1 - actor/ppo_kl:0.001\nstep:2 - actor/pp\xe9o_kl:0.001 - a/b:1\n")
+    with pytest.raises(DataError, match=r"c\.log:2: metric name 'actor/pp\?o_kl'"):
+        load_metrics(c)
+    ok = tmp_path / "ok.log"  # a byte that is not UTF-8 outside the metrics stays harmless
+    ok.write_bytes(b"loading caf\xe9 dataset\nstep:1 - actor/ppo_kl:0.001\n")
+    assert list(load_metrics(ok).frame.columns) == ["actor/ppo_kl"]
+
+
+def test_dev_null_and_a_fifo_are_not_regular_files(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "pipe.log"
+    os.mkfifo(fifo)
+    for path, kind in ((Path(os.devnull), "a character device"), (fifo, "a FIFO")):
+        with pytest.raises(DataError) as info:
+            load_metrics(path)
+        assert str(info.value).startswith(f"{path}: not a regular file ({kind}), not a metrics log")
+    with pytest.raises(DataError, match="metrics log not found"):
+        load_metrics(tmp_path / "nope.log")
+
+
+def test_steps_logged_as_nan_are_kept_apart_from_steps_without_the_metric(tmp_path: Path) -> None:
+    """JSON NaN, the trainer's "nan" string and a console `nan`: in frame.attrs["nan_steps"]; a step that
+    does not log the metric is not there."""
+    j = tmp_path / "j.jsonl"
+    j.write_text('{"step": 1, "data": {"a/x": NaN, "a/y": 1}}\n{"step": 2, "data": {"a/y": 2}}\n'
+                 '{"step": 3, "data": {"a/x": "nan", "a/y": "nan"}}\n{"step": 4, "data": {"a/x": 0.5}}\n')
+    frame = load_metrics(j).frame
+    assert {k: list(v) for k, v in frame.attrs["nan_steps"].items()} == {"a/x": [1, 3], "a/y": [3]}
+    assert math.isnan(frame.loc[2, "a/x"])  # step 2 did not log a/x: a gap, not a NaN it logged
+    c = tmp_path / "c.log"
+    c.write_text("step:1 - a/x:np.float64(nan) - a/y:1\nstep:2 - a/y:2\n")
+    assert {k: list(v) for k, v in load_metrics(c).frame.attrs["nan_steps"].items()} == {"a/x": [1]}
