@@ -67,6 +67,10 @@ def fsdp2_runs(tmp_path_factory):
     return get
 
 
+FSDP2_ONLY = {"training/clipfrac_witness_err", "training/grad_clip_err", "training/grad_stale_max",
+              "training/loss_witness_err", "training/optimizer_steps_err", "training/optimizer_update_err"}
+
+
 @pytest.mark.parametrize(("model", "layout"), [
     ("tiny:qwen3", ()),
     ("tiny:qwen3", ("actor.megatron.tensor_model_parallel_size=2",)),
@@ -79,7 +83,10 @@ def test_colocated_ray_megatron_equals_fsdp2(tmp_path: Path, fsdp2_runs, model: 
     assert all(ln["data"]["actor/grad_norm"] > 0 for ln in meg) and meg[-1]["data"]["actor/ppo_kl"] != 0
     for a, b in zip(meg, ref):
         na, nb = _numbers(a), _numbers(b)
-        assert set(na) == set(nb), set(na) ^ set(nb)  # actor/moe/* too on the MoE model
+        # actor/moe/* too on the MoE model; the update witness (loss and optimizer re-derived apart) is the
+        # FSDP2 actor's alone: Megatron has its own optimizer and update (Actor.update_witness)
+        nb = {k: v for k, v in nb.items() if k not in FSDP2_ONLY}
+        assert set(na) == set(nb), set(na) ^ set(nb)
         assert na["training/rollout_probs_diff_max"] < WEIGHTS_REACHED, a["step"]
         for k in na:
             assert na[k] == pytest.approx(nb[k], rel=REL, abs=ABS), (a["step"], k, na[k], nb[k])
