@@ -31,7 +31,8 @@ if str(ROOT) not in sys.path:  # run as a script from anywhere
 
 from trainer.agent.loop import AgentRolloutEngine
 from trainer.config import AgentConfig, ModelConfig
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.rollout.base import InterruptibleEngine, SamplingParams
 from trainer.rollout.hf import HFRolloutEngine
 

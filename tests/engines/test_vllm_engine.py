@@ -29,7 +29,8 @@ import torch
 from trainer.components.batch import batch_from_rollout
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.ops.logprobs import response_logprobs
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.hf import HFRolloutEngine

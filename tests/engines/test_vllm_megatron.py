@@ -31,7 +31,8 @@ import torch
 from trainer.backends.strategy import megatron_missing
 from trainer.components.batch import batch_from_rollout
 from trainer.config import ActorConfig, TrainerConfig
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.rollout.base import SamplingParams
 
 pytestmark = [pytest.mark.vllm,

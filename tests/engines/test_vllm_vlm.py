@@ -33,7 +33,8 @@ from trainer.components.batch import batch_from_rollout
 from trainer.config import TrainerConfig
 from trainer.data.dataset import PromptDataset
 from trainer.data.synthetic_geometry import make_geometry_rows
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.models.vlm import VISION_PREFIX, freeze_vision_tower, load_vision_processor
 from trainer.ops.logprobs import response_logprobs
 from trainer.rollout.base import SamplingParams

@@ -38,7 +38,7 @@ TOL = 1e-5  # fp32, relative to the reference's largest entry
 
 def _moe_layer(ep: int):
     from trainer.backends.megatron.backend import build_bridge, build_gpt_model, init_parallel
-    from trainer.models.loading import tiny_config
+    from trainer.models.specs import tiny_config
 
     init_parallel(1, ep, seed=0)
     bridge = build_bridge(tiny_config("qwen3_moe", vocab_size=128), dtype=torch.float32)

@@ -7,7 +7,8 @@ import torch
 
 from trainer.config import ModelConfig
 from trainer.errors import ModelError
-from trainer.models.loading import SHAPES, eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import SHAPES, eos_token_ids
 
 
 @pytest.mark.parametrize("arch,cls", [("qwen2", "Qwen2ForCausalLM"), ("qwen3", "Qwen3ForCausalLM"),

@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from trainer.config import ModelConfig
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.rollout.base import Rollout, SamplingParams
 from trainer.rollout.static import StaticRolloutEngine
 

@@ -7,7 +7,8 @@ import torch
 
 from trainer.config import ModelConfig
 from trainer.errors import ModelError
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.rollout.base import SamplingParams
 from trainer.rollout.hf import HFRolloutEngine
 from trainer.rollout.static import StaticRolloutEngine, _filter

@@ -12,7 +12,8 @@ import torch
 
 from tests.helpers.engines import stop_after
 from trainer.config import ModelConfig
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
 from trainer.rollout.hf import HFRolloutEngine
 from trainer.rollout.static import StaticRolloutEngine

@@ -14,7 +14,8 @@ from trainer.data.dataset import PromptDataset, load_rows  # noqa: E402
 from trainer.data.splits import write_rows  # noqa: E402
 from trainer.data.synthetic_geometry import make_geometry_rows  # noqa: E402
 from trainer.errors import ConfigError  # noqa: E402
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer  # noqa: E402
+from trainer.models.loading import load_model_and_tokenizer  # noqa: E402
+from trainer.models.specs import eos_token_ids  # noqa: E402
 from trainer.models.vlm import (  # noqa: E402
     VISION_PREFIX,
     check_multimodal_support,

@@ -40,7 +40,7 @@ def hf_config(cfg: ModelConfig) -> Any | None:
     SmolLM2, a Llama, or a path that is not a model folder)."""
     from transformers import AutoConfig
 
-    from trainer.models.loading import SHAPES, tiny_config
+    from trainer.models.specs import SHAPES, tiny_config
 
     path = cfg.path
     if path.startswith("tiny:"):

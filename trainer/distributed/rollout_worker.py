@@ -95,7 +95,8 @@ class RolloutWorker:
     def __init__(self, cfg_dict: dict[str, Any], *, max_required_groups: int, groups_per_call: int,
                  replica: int = 0, num_replicas: int = 1):
         from trainer.data.dataset import PromptDataset
-        from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+        from trainer.models.loading import load_model_and_tokenizer
+        from trainer.models.specs import eos_token_ids
         from trainer.modes.steps import load_split
         from trainer.rollout.registry import build_engine
 

@@ -96,7 +96,8 @@ class TrainerWorker:
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the data-parallel group, load and shard the model, build the engine. Returns facts."""
         from trainer.backends.fsdp import default_backend, init_data_parallel, shard_model
-        from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+        from trainer.models.loading import load_model_and_tokenizer
+        from trainer.models.specs import eos_token_ids
         from trainer.rollout.registry import build_engine
 
         cfg = self.cfg

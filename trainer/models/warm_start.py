@@ -21,19 +21,19 @@ a response to a held-out prompt opens with a tool call, before and after, second
 ``$RLBENCH_CACHE/models/<base>-sft-<hash of base and setting>/``; processes that need it at once
 (Ray workers, the fully-async rollouter and trainer) wait on a file lock and one of them builds it.
 
-    python -m trainer.models.warm_start --steps 20 --tool-fraction 0.6     # build (or show) the cached model
-    python -m trainer.models.warm_start --steps 3 --tool-fraction 0.9 --batch-size 8 --lr 3e-4   # the retool cpu profile's
+    python -m trainer.models --steps 20 --tool-fraction 0.6     # build (or show) the cached model
+    python -m trainer.models --steps 3 --tool-fraction 0.9 --batch-size 8 --lr 3e-4   # the retool cpu profile's
+
+(`trainer/models/__main__.py`: it loads the base model through the loader, which stands above this module.)
 """
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import hashlib
 import json
 import os
 import shutil
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -42,7 +42,7 @@ from typing import Any
 import torch
 
 from trainer.config import ModelConfig, WarmStartConfig
-from trainer.errors import ModelError, RLBenchError
+from trainer.errors import ModelError
 
 
 def sft_batch(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_token_id: int,
@@ -101,7 +101,7 @@ def build_cached(folder: Path, build: Callable[[Path], dict[str, Any]]) -> Path:
 
 def cache_folder(cfg: ModelConfig, seed: int) -> Path:
     """Where the warm start of `cfg` lives: the base's name and a hash of everything that shapes the result."""
-    from trainer.models.loading import cache_dir
+    from trainer.models.specs import cache_dir
 
     ws = cfg.warm_start
     assert ws is not None
@@ -176,7 +176,7 @@ def apply_warm_start(cfg: ModelConfig, model: torch.nn.Module, tokenizer: Any, *
     """The warm-started version of the loaded `model` (built on first use, then read from the cache)."""
     from transformers import AutoModelForCausalLM
 
-    from trainer.models.loading import resolve_dtype
+    from trainer.models.specs import resolve_dtype
 
     if cfg.path.startswith("tiny:qwen2.5-vl") or hasattr(model, "visual") or hasattr(getattr(model, "model", None), "visual"):
         raise ModelError(f"model.warm_start: {cfg.path} is a vision-language model (fix: drop model.warm_start; "
@@ -194,37 +194,3 @@ def read_facts(cfg: ModelConfig, seed: int = 0) -> dict[str, Any] | None:
     """`warm_start.json` of `cfg`'s cached warm start, None when it is not built."""
     path = cache_folder(cfg, seed) / "warm_start.json"
     return json.loads(path.read_text()) if path.is_file() else None
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.models.warm_start", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="embedded:smollm2-135m-instruct")
-    parser.add_argument("--steps", type=int, default=WarmStartConfig.model_fields["steps"].default)
-    parser.add_argument("--tool-fraction", type=float, default=WarmStartConfig.model_fields["tool_fraction"].default)
-    parser.add_argument("--difficulty", default="hard")
-    parser.add_argument("--batch-size", type=int, default=WarmStartConfig.model_fields["batch_size"].default)
-    parser.add_argument("--lr", type=float, default=WarmStartConfig.model_fields["lr"].default)
-    args = parser.parse_args(argv)
-    try:
-        from pydantic import ValidationError
-
-        from trainer.models.loading import load_model_and_tokenizer
-
-        try:
-            cfg = ModelConfig(path=args.model, warm_start=WarmStartConfig(
-                steps=args.steps, tool_fraction=args.tool_fraction, difficulty=args.difficulty,
-                batch_size=args.batch_size, lr=args.lr))
-        except ValidationError as exc:
-            err = exc.errors()[0]
-            print(f"error: --{err['loc'][-1]}: {err['msg']}", file=sys.stderr)
-            return 2
-        load_model_and_tokenizer(cfg)
-        print(f"{cache_folder(cfg, 0)}\n{json.dumps(read_facts(cfg), indent=2)}")
-    except RLBenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -154,7 +154,7 @@ def _sampled_accuracy(model: torch.nn.Module, tok: Any, rows: Any, target: Any) 
 
 @torch.no_grad()
 def _greedy_accuracy(model: torch.nn.Module, tok: Any, val: Any) -> float:
-    from trainer.models.loading import eos_token_ids
+    from trainer.models.specs import eos_token_ids
     from trainer.rewards import compute_score
     from trainer.rollout.base import SamplingParams
     from trainer.rollout.hf import HFRolloutEngine
@@ -173,7 +173,7 @@ def load_warm_started(name: str, *, dtype: torch.dtype, attn_implementation: str
     """The cached warm-started model and tokenizer of ``tiny:<name>``, trained first when not cached."""
     from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
 
-    from trainer.models.loading import cache_dir
+    from trainer.models.specs import cache_dir
     from trainer.models.warm_start import build_cached
 
     arch, task, steps, to = parse_name(name)
@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--to", type=int, default=None, help="stop at this sampled (T = 1) accuracy on training rows (percent)")
     args = parser.parse_args(argv)
     try:
-        from trainer.models.loading import cache_dir
+        from trainer.models.specs import cache_dir
 
         name = f"{args.arch}+sft-{args.task}-{args.steps}" + (f"-to{args.to}" if args.to else "")
         arch, task, steps, to = parse_name(name)

@@ -23,7 +23,8 @@ from trainer.components.val_samples import sample_records, write_samples
 from trainer.config import DataConfig, TrainerConfig
 from trainer.data.dataset import PromptDataset, load_rows
 from trainer.data.synthetic import SPEC_PREFIX, ensure_synthetic, load_synthetic
-from trainer.models.loading import eos_token_ids, load_model_and_tokenizer
+from trainer.models.loading import load_model_and_tokenizer
+from trainer.models.specs import eos_token_ids
 from trainer.models.vlm import check_multimodal_support, freeze_vision_tower, load_vision_processor
 from trainer.rewards import compute_score
 from trainer.rollout.base import RolloutEngine, SamplingParams

@@ -67,7 +67,7 @@ def check_devices(cfg: TrainerConfig) -> None:
 
 def model_config(cfg: TrainerConfig, *, overrides: bool = True) -> Any | None:
     """The model's HF config without loading weights, or None when that needs the weights (GGUF)."""
-    from trainer.models import loading as models
+    from trainer.models import specs as models
 
     m = cfg.model
     over = dict(m.override_config) if overrides else {}

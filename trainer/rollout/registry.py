@@ -8,7 +8,7 @@ import torch
 
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError
-from trainer.models.loading import resolve_dtype
+from trainer.models.specs import resolve_dtype
 from trainer.rollout.base import RolloutEngine
 
 

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 
 from trainer.errors import ConfigError
-from trainer.models.loading import resolve_dtype
+from trainer.models.specs import resolve_dtype
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
 from trainer.rollout.vllm_engine import (
     engine_weights,

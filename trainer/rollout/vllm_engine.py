@@ -82,7 +82,7 @@ from typing import Any
 import torch
 
 from trainer.errors import ConfigError, RLBenchError
-from trainer.models.loading import resolve_dtype
+from trainer.models.specs import resolve_dtype
 from trainer.rollout.base import InterruptibleEngine, Rollout, SamplingParams
 from trainer.rollout.checkpoint_layout import CheckpointLayout, hf_weight_name
 
