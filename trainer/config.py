@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -103,6 +104,11 @@ class DataConfig(_Section):
     filter_overlong_prompts: bool = True
 
 
+# Options `rollout.engine_kwargs` may give the static engine (trainer/rollout/static.py reads exactly these).
+STATIC_ENGINE_KWARGS: tuple[str, ...] = ("cuda_graphs", "batch_buckets", "prompt_bucket", "check_every", "max_slots",
+                                         "free_on_sleep", "compile_decode", "compile_backend")
+
+
 class RolloutConfig(_Section):
     engine: Literal["hf", "static", "vllm", "sglang"] = Field("hf", description="registered rollout engine")
     n: int = Field(8, gt=0, description="responses sampled per prompt")
@@ -117,7 +123,9 @@ class RolloutConfig(_Section):
     tensor_parallel_size: int = Field(1, gt=0)
     gpu_memory_utilization: float = Field(0.5, gt=0, le=1)
     max_num_seqs: PositiveOrNone = None
-    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description="passed through to the engine")
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict, description=(
+        "passed through to the engine: vllm.LLM / sglang.Engine keyword arguments, or the static engine's options "
+        "(STATIC_ENGINE_KWARGS); the hf engine takes none"))
 
     @field_validator("top_k")
     @classmethod
@@ -125,6 +133,25 @@ class RolloutConfig(_Section):
         if v == 0:
             raise ValueError("rollout.top_k=0: not a top-k (fix: -1 disables top-k, or use a value >= 1)")
         return v
+
+    @model_validator(mode="after")
+    def _read_by_the_engine(self) -> RolloutConfig:
+        """Settings the chosen engine would ignore are errors, not silent no-ops."""
+        if self.engine_kwargs and self.engine == "hf":
+            raise ValueError(f"rollout.engine_kwargs.{next(iter(self.engine_kwargs))}: the hf engine takes no engine "
+                             "options and would ignore it (fix: remove rollout.engine_kwargs, or pick an engine that "
+                             "reads them: rollout.engine=static, vllm or sglang)")
+        unknown = sorted(set(self.engine_kwargs) - set(STATIC_ENGINE_KWARGS)) if self.engine == "static" else []
+        if unknown:
+            close = difflib.get_close_matches(unknown[0], STATIC_ENGINE_KWARGS, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"it reads {', '.join(STATIC_ENGINE_KWARGS)}"
+            raise ValueError(f"rollout.engine_kwargs.{unknown[0]}: not an option of the static engine, which would "
+                             f"ignore it (fix: remove it; {hint})")
+        if self.val_greedy and self.val_n > 1:
+            raise ValueError(f"rollout.val_n={self.val_n} with rollout.val_greedy=true: greedy decoding gives the "
+                             f"same response {self.val_n} times (fix: set rollout.val_greedy=false to sample "
+                             "val_n responses at rollout.val_temperature, or rollout.val_n=1)")
+        return self
 
 
 class OverlongBufferConfig(_Section):
@@ -241,7 +268,8 @@ class TrainerSection(_Section):
     save_freq: int = Field(0, description="checkpoint every N steps; <= 0 disables")
     max_checkpoints: int = Field(2, ge=1)
     seed: Seed = 0
-    out_dir: str = Field("runs/default", min_length=1, description="run folder: metrics.jsonl, checkpoints/, config.yaml")
+    out_dir: str = Field("runs/default", min_length=1, description=(
+        "run folder: metrics.jsonl, checkpoints/, config.yaml; a leading ~ is expanded to the home folder"))
     resume: bool = Field(True, description="resume from the latest checkpoint in out_dir when one exists")
     mode: Literal["colocated", "fully_async"] = "colocated"
     n_gpus_per_node: int = Field(1, ge=1)
@@ -254,6 +282,13 @@ class TrainerSection(_Section):
     log_val_generations: int = Field(0, ge=0, description=(
         "validation samples written per validation to <out_dir>/samples/step_<K>.jsonl (prompt, response, "
         "ground truth, score, and each image as a base64 PNG thumbnail); 0: none (verl's trainer.log_val_generations)"))
+
+
+    @field_validator("out_dir")
+    @classmethod
+    def _home(cls, v: str) -> str:
+        # expanded once here, so that every file of the run (lock, log, checkpoints) is under the same folder
+        return os.path.expanduser(v)
 
 
 class AsyncConfig(_Section):
@@ -321,6 +356,9 @@ class TrainerConfig(_Section):
                              f"{self.data.max_response_length} (fix: lower the buffer or raise the response length)")
         if self.algorithm.name == "ppo" and not self.critic.enable:
             raise ValueError("algorithm.name=ppo needs a value model (fix: set critic.enable=true)")
+        if self.algorithm.adv_estimator == "gae" and not self.critic.enable:
+            raise ValueError("algorithm.adv_estimator=gae needs a value model (fix: set critic.enable=true, or use "
+                             "algorithm.adv_estimator=grpo or rloo)")
         ws = self.model.warm_start
         if ws is not None and ws.data == "tool-arithmetic":
             if not self.agent.enable:
@@ -383,6 +421,26 @@ def format_validation_error(err: ValidationError, source: str) -> str:
 _MAX_CONFIG_BYTES = 1 << 20
 
 
+class DuplicateKeyError(yaml.YAMLError):
+    """A key given twice in one YAML mapping; the message names its line and the first one."""
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML would keep the last), for
+    trainer configs and suite files (rlbench/suites/suite.py)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, (str, int, float, bool)) and key in seen:
+                raise DuplicateKeyError(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in one "
+                                        f"mapping (first on line {seen[key]}); YAML keeps only the last (fix: delete one)")
+            if isinstance(key, (str, int, float, bool)):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
+
+
 def _parse_override(item: str) -> tuple[list[str], Any]:
     if "=" not in item:
         raise ConfigError(f"override '{item}': expected key.sub=value (fix: e.g. actor.lr=1e-5)")
@@ -434,8 +492,15 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         example = "e.g. trainer/configs/grpo_smollm2_arithmetic.yaml"
         if path.is_dir():
             raise ConfigError(f"config {path}: is a directory, not a YAML file (fix: pass a file inside it, {example})")
-        if not path.is_file():
+        if not path.exists():
             raise ConfigError(f"config file not found: {path} (fix: pass an existing YAML file, {example})")
+        if not path.is_file():
+            import stat
+
+            mode = path.stat().st_mode
+            kind = ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode) else
+                    "a socket" if stat.S_ISSOCK(mode) else "a block device")
+            raise ConfigError(f"config {path}: not a regular file ({kind}) (fix: pass the YAML file itself, {example})")
         if path.stat().st_size > _MAX_CONFIG_BYTES:
             raise ConfigError(f"config {path}: {path.stat().st_size} bytes, over the {_MAX_CONFIG_BYTES} bytes a "
                               f"config can be (fix: pass the YAML config, not a data or model file)")
@@ -452,7 +517,9 @@ def load_config(source: str | Path | dict[str, Any] | None = None, overrides: li
         if "\x00" in text:
             raise ConfigError(f"config {path}: contains NUL bytes (a binary file?) (fix: pass the YAML config, {example})")
         try:
-            data = yaml.safe_load(text) or {}
+            data = yaml.load(text, Loader=UniqueKeyLoader) or {}  # a SafeLoader subclass
+        except DuplicateKeyError as e:
+            raise ConfigError(f"config {path} {e}") from None
         except yaml.YAMLError as e:
             mark = getattr(e, "problem_mark", None)
             line = f" line {mark.line + 1}" if mark else ""

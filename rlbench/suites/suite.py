@@ -51,8 +51,9 @@ from pydantic import (
     model_validator,
 )
 
-from trainer.config import deep_merge
+from trainer.config import DuplicateKeyError, UniqueKeyLoader, deep_merge
 from trainer.errors import ConfigError
+from trainer.platform.env import KNOWN_DEVICES
 
 ModeName = Literal["colocated", "fully_async"]
 ProfileName = Literal["full", "mini", "cpu", "cpu-vllm", "cpu-vlm"]
@@ -358,10 +359,17 @@ class Suite(_Strict):
                 if m not in modes:
                     raise ValueError(f"@profiles.{pname}.mode_overrides.{m}: mode '{m}' is not defined "
                                      f"under 'modes' (defined: {', '.join(modes)})")
+        gpu_arches = sorted({d.arch for d in KNOWN_DEVICES.values()})
+        _known_arch("published_on.arch", self.published_on.arch, gpu_arches)
+        for pname in self.profile_names():
+            for j, a in enumerate(self.profile(pname).requires.arch):
+                _known_arch(f"profiles.{pname}.requires.arch[{j}]", a, ["any", "cpu", *gpu_arches])
         docs = [s.doc for s in self.source]
         seen: dict[str, int] = {}
         for i, ref in enumerate(self.references):
             where = f"references[{i}]"
+            for j, a in enumerate(ref.arch or []):
+                _known_arch(f"{where}.arch[{j}]", a, ["any", "cpu", *gpu_arches])
             for key in ("num", "den"):
                 m = getattr(ref, key)
                 if m is not None and m not in modes:
@@ -466,6 +474,16 @@ class Suite(_Strict):
 
 
 # ---------------------------------------------------------------------------- helpers
+def _known_arch(field: str, arch: str, known: list[str]) -> None:
+    """A ValueError naming `field` when `arch` is none of `known` (a typo there would skip or misread checks)."""
+    if arch in known:
+        return
+    close = difflib.get_close_matches(arch, known, n=1, cutoff=0.6)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise ValueError(f"@{field}: unknown arch {arch!r} ({hint}known: {', '.join(known)}; a new GPU arch comes "
+                     "with its device in trainer/platform/env.py KNOWN_DEVICES)")
+
+
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
 
@@ -524,25 +542,6 @@ def profile_unmet_requirements(suite: Suite, profile: str, env_info: dict[str, A
 
 
 # ---------------------------------------------------------------------------- loading
-class _DuplicateKey(Exception):
-    pass
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML would keep the last)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, (str, int, float, bool)) and key in seen:
-                raise _DuplicateKey(f"line {key_node.start_mark.line + 1}: key {key!r} is given twice in one "
-                                    f"mapping (first on line {seen[key]}); YAML keeps only the last: delete one")
-            if isinstance(key, (str, int, float, bool)):
-                seen[key] = key_node.start_mark.line + 1
-        return super().construct_mapping(node, deep=deep)
-
-
 def load_suite(path: str | Path) -> Suite:
     """Read and validate one suite file; any problem is a one-line ConfigError."""
     p = Path(path)
@@ -566,8 +565,8 @@ def load_suite(path: str | Path) -> Suite:
         raise ConfigError(f"{p}: the suite file is empty; a suite has id, title, source, trainer, modes, "
                           "profiles and references (see suites/)")
     try:
-        raw = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass
-    except _DuplicateKey as e:
+        raw = yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
+    except DuplicateKeyError as e:
         raise ConfigError(f"{p}: {e}") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)

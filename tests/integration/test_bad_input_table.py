@@ -111,6 +111,31 @@ def _fault_env(tmp: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("RLBENCH_FAULT_AT", "explode:1")
 
 
+def _threads_would_crash(tmp: Path, monkeypatch: Any) -> None:
+    """torch.set_num_threads past the cores raises here instead of crashing the test process (libgomp
+    aborts or the process segfaults with no message): the check must come before it."""
+    import torch
+
+    from trainer.platform.preflight import usable_cores
+
+    real = torch.set_num_threads
+
+    def guarded(n: int) -> None:
+        if n > usable_cores():
+            raise RuntimeError(f"torch.set_num_threads({n}) reached: this would crash the process")
+        real(n)
+
+    monkeypatch.setattr(torch, "set_num_threads", guarded)
+
+
+def _fifo(tmp: Path, monkeypatch: Any) -> None:
+    os.mkfifo(tmp / "pipe.yaml")
+
+
+def _dev_null(tmp: Path, monkeypatch: Any) -> None:
+    (tmp / "null.yaml").symlink_to(os.devnull)
+
+
 CASES: list[Case] = [
     # --- the config file itself
     Case("config file missing", expect=("none.yaml", "not found"), config=None, config_path="none.yaml"),
@@ -124,6 +149,13 @@ CASES: list[Case] = [
     Case("config over 1 MB", expect=("bytes, over",), config="# " + "x" * (1 << 20) + "\n"),
     Case("config unknown section", expect=("modle", "unknown key", "did you mean 'model'"), config=BASE + "modle: {}\n"),
     Case("config section not a mapping", expect=("rollout",), config=BASE.replace("rollout: {n: 2}", "rollout: 5")),
+    Case("config with a top-level key twice", expect=("cfg.yaml line 6", "key 'rollout' is given twice",
+                                                      "first on line 3", "YAML keeps only the last"),
+         config=BASE + "rollout: {n: 4}\n"),
+    Case("config is a FIFO", expect=("pipe.yaml", "not a regular file"), config=None, config_path="pipe.yaml",
+         setup=_fifo),
+    Case("config is /dev/null", expect=("null.yaml", "not a regular file"), config=None, config_path="null.yaml",
+         setup=_dev_null),
     # --- overrides on the command line
     Case("override without =", ["actor.lr"], ("override 'actor.lr'", "key.sub=value")),
     Case("override with an empty key part", ["actor..lr=1"], ("empty key part",)),
@@ -159,6 +191,13 @@ CASES: list[Case] = [
     Case("rollout.engine=trt", ["rollout.engine=trt"], ("rollout.engine", "'hf'")),
     Case("rollout.gpu_memory_utilization=2", ["rollout.gpu_memory_utilization=2"], ("rollout.gpu_memory_utilization",)),
     Case("rollout.max_num_seqs=0", ["rollout.max_num_seqs=0"], ("rollout.max_num_seqs",)),
+    Case("engine_kwargs for the hf engine", ["rollout.engine_kwargs={foo: 1}"],
+         ("rollout.engine_kwargs.foo", "hf engine takes no engine options")),
+    Case("engine_kwargs the static engine does not read",
+         ["rollout.engine=static", "rollout.engine_kwargs={free_on_slep: false}"],
+         ("rollout.engine_kwargs.free_on_slep", "did you mean 'free_on_sleep'")),
+    Case("val_n=4 with greedy validation", ["rollout.val_n=4"],
+         ("rollout.val_n=4 with rollout.val_greedy=true", "rollout.val_greedy=false")),
     # --- data section
     Case("data.num_val_samples=-1", ["data.num_val_samples=-1"], ("data.num_val_samples", "greater than or equal to 1")),
     Case("data.val_batch_size=0", ["data.val_batch_size=0"], ("data.val_batch_size", "greater than or equal to 1")),
@@ -173,11 +212,15 @@ CASES: list[Case] = [
     Case("trainer.seed=-1", ["trainer.seed=-1"], ("trainer.seed",)),
     Case("trainer.device=tpu", ["trainer.device=tpu"], ("trainer.device", "'cuda'")),
     Case("trainer.mode=sync", ["trainer.mode=sync"], ("trainer.mode", "fully_async")),
+    Case("trainer.num_threads over the machine's cores", ["trainer.num_threads=100000"],
+         ("trainer.num_threads=100000", "CPU cores this process may use"), setup=_threads_would_crash),
     # --- algorithm, critic, async, agent
     Case("algorithm.gamma=2", ["algorithm.gamma=2"], ("algorithm.gamma", "less than or equal to 1")),
     Case("algorithm.lam=-0.5", ["algorithm.lam=-0.5"], ("algorithm.lam",)),
     Case("ppo without a critic", ["algorithm.name=ppo", "algorithm.adv_estimator=gae"], ("critic.enable=true",)),
     Case("ppo with grpo advantages", ["algorithm.name=ppo"], ("adv_estimator=gae",)),
+    Case("gae advantages without a critic", ["algorithm.adv_estimator=gae"],
+         ("algorithm.adv_estimator=gae needs a value model", "critic.enable=true")),
     Case("overlong buffer longer than responses", ["algorithm.overlong_buffer.enable=true", "algorithm.overlong_buffer.len=8"],
          ("algorithm.overlong_buffer.len=8", "data.max_response_length=4")),
     Case("critic.lr=0", ["critic.lr=0"], ("critic.lr",)),
@@ -294,6 +337,37 @@ def test_bad_input(case: Case, tmp_path: Path, monkeypatch):
         assert want in line, (want, line)
     if case.argv is None:
         assert "fix" in line or "did you mean" in line or "use one of" in line or "should be" in line, line
+
+
+def test_out_dir_with_a_tilde_is_the_home_folder_for_every_file(tmp_path: Path, monkeypatch) -> None:
+    """`trainer.out_dir: ~/x` in a YAML file: the run folder, its lock, log and config are all under $HOME/x."""
+    from trainer.__main__ import main
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(BASE.replace("out_dir: '{tmp}/out'", "out_dir: '~/x'"))
+    err = io.StringIO()
+    with redirect_stderr(err), redirect_stdout(io.StringIO()):
+        code = main([str(cfg)])
+    assert code == 0, err.getvalue()
+    run = home / "x"
+    assert {".lock", "metrics.jsonl", "config.yaml"} <= {p.name for p in run.iterdir()}
+    assert f"out_dir: {run}" in (run / "config.yaml").read_text()
+    assert not (tmp_path / "~").exists()  # nothing at the literal path
+
+
+def test_static_engine_options_are_the_ones_the_config_accepts() -> None:
+    """rollout.engine_kwargs for the static engine are checked against STATIC_ENGINE_KWARGS: it must be
+    exactly what trainer/rollout/static.py reads, or a real option would be refused (or a typo accepted)."""
+    import re
+
+    from trainer.config import STATIC_ENGINE_KWARGS
+
+    src = (Path(__file__).resolve().parents[2] / "trainer" / "rollout" / "static.py").read_text()
+    assert set(re.findall(r'opts\.get\("([a-z_]+)"', src)) == set(STATIC_ENGINE_KWARGS)
 
 
 if __name__ == "__main__":  # the table: input -> message

@@ -28,6 +28,10 @@ CASES = {
     "trainer_typo": ["trainer.actor.lrr", "unknown key", "did you mean 'lr'?"],
     "uncited_source": ["references[0].source", "must start with one of the suite's source docs"],
     "bad_mode_enum": ["modes.coloc", "did you mean 'colocated'?"],
+    "unknown_ref_arch": ["references[0].arch[0]", "unknown arch 'gfx95O'", "did you mean 'gfx950'?",
+                         "known: any, cpu, gfx942, gfx950"],
+    "unknown_requires_arch": ["profiles.mini.requires.arch[0]", "unknown arch 'sm90'", "did you mean 'sm_90'?"],
+    "unknown_published_arch": ["published_on.arch", "unknown arch 'gfx9500'", "known: gfx942, gfx950"],
 }
 
 

@@ -9,6 +9,9 @@ load or a step:
 - `trainer.out_dir`: not an existing file, creatable, writable (a probe file is written and removed);
 - `trainer.device` / `trainer.n_gpus_per_node`: `cuda` needs a CUDA device, and one node needs as
   many devices as workers (`async.rollout_gpus + async.train_gpus` in the fully-async mode);
+- `trainer.num_threads`: at most the CPU cores this process may use (`os.sched_getaffinity`): more
+  threads than cores only slow a step, and torch's thread pool crashes the process (no message) when
+  it cannot start tens of thousands of them;
 - `model.tokenizer_path`: an existing folder;
 - the model's config (read without its weights: tiny and `shape:` models, a HF folder's
   `config.json`, the embedded model's cached config): every `model.override_config` key is a field
@@ -43,6 +46,21 @@ def check_out_dir(out_dir: str) -> None:
         raise ConfigError(f"trainer.out_dir={out_dir}: cannot be written ({e.strerror or type(e).__name__}"
                           f"{': ' + e.filename if getattr(e, 'filename', None) else ''}) (fix: choose a writable folder, "
                           f"e.g. runs/my_run)") from None
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; os.cpu_count() where there is none)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def check_threads(cfg: TrainerConfig) -> None:
+    want, have = cfg.trainer.num_threads, usable_cores()
+    if want is not None and want > have:
+        raise ConfigError(f"trainer.num_threads={want}: more than the {have} CPU cores this process may use "
+                          f"(fix: set trainer.num_threads to at most {have}, or remove it for torch's default)")
 
 
 def check_devices(cfg: TrainerConfig) -> None:
@@ -135,6 +153,7 @@ def check_model(cfg: TrainerConfig) -> None:
 def preflight(cfg: TrainerConfig) -> None:
     """Every start-time check, cheapest first."""
     check_out_dir(cfg.trainer.out_dir)
+    check_threads(cfg)
     check_devices(cfg)
     from trainer.models.vlm import check_multimodal_support
 
