@@ -10,6 +10,8 @@
     prompts.py    the tool-format system prompt and row rewriting
 
 Enable with `agent.enable=true` (see `trainer.config.AgentConfig`).
+
+May import: `trainer.errors`, `trainer.config`, `trainer.rollout.base` (the engine interface it drives).
 """
 
 from trainer.agent.loop import AgentRolloutEngine

@@ -5,6 +5,8 @@ Pure torch functions over response-level tensors `[N, R]` (N sequences, R = max 
 right padded) with a `response_mask` `[N, R]` that is 1 on real response tokens. Definitions follow
 verl (`verl/trainer/ppo/core_algos.py`); each module's docstring gives the math, the paper and any
 departure.
+
+May import: `trainer.errors` only (the layer just above the errors; `trainer.config` imports it).
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@
 
 The synthetic helpers are imported on first use, so ``python -m trainer.data.synthetic`` runs
 the module once, as its own ``__main__``.
+
+May import: `trainer.errors`, `trainer.config`, `trainer.rewards`, `trainer.agent` (the tool traces).
 """
 
 from __future__ import annotations

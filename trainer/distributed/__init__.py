@@ -10,4 +10,7 @@
 - `colocated_ray.py`  the colocated loop over Ray workers (several devices, or trainer.use_ray)
 
 The fully-async loop itself is `trainer/modes/fully_async.py`.
+
+May import: every layer below the workers, the step (`trainer/modes/steps.py`) included; not the
+loops in `trainer/modes/` (they import the workers).
 """

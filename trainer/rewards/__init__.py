@@ -2,6 +2,8 @@
 
     from trainer.rewards import compute_score
     compute_score("openai/gsm8k", "... #### 72", "72")   # RewardResult(score=1.0, acc=1.0, pred='72')
+
+May import: `trainer.errors` only.
 """
 
 from __future__ import annotations
