@@ -36,7 +36,14 @@ from pathlib import Path
 from typing import Any
 
 from rlbench.checks.results import BAD_VERDICTS, CheckResult
-from rlbench.run.inputs import check_arch, check_profile, read_logs, validate_arch
+from rlbench.run.inputs import (
+    check_arch,
+    check_out_folder,
+    check_profile,
+    read_logs,
+    validate_arch,
+    validate_device,
+)
 from rlbench.suites.suite import MODE_NAMES, PROFILE_NAMES, Suite, discover_suites, profile_unmet_requirements
 from trainer.errors import ConfigError, RLBenchError
 
@@ -175,6 +182,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     suite = find_suite(args.suite)
     target = _store(args, "run")
+    check_out_folder("--out", args.out, example="runs")
     env, arch = _env(args.arch)
     outcome = run_profile(suite, args.profile, out=args.out, arch=arch, seeds=args.seeds,
                           modes=args.mode, sets=args.set, env=env, store=target.path if target else None)
@@ -190,6 +198,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     target = _store(args, "check")
     if args.arch is not None:
         validate_arch(args.arch, suite)
+    if args.device is not None:
+        validate_device(args.device, suite)
+    if args.out is not None:
+        check_out_folder("--out", args.out)
     if args.profile is not None:
         args.arch = check_arch(args, suite, args.profile)
         _mode_logs(suite, args.profile, args.logs, args.mode, args.run)  # bad --run/--mode before any reading

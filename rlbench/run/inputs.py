@@ -3,6 +3,7 @@ profile (`--profile`, or guessed from the logs' shape and said), and the logs re
 
     from rlbench.run.inputs import check_arch, check_profile, validate_arch
     validate_arch("gfx999")                     # ConfigError listing the known arches
+    validate_device("MI355")                    # ConfigError listing the known boards (MI355X, ...)
     profile = check_profile(args, suite, logs)  # notes and mismatch warnings on stderr
 
 Known arches: cpu, those of the device table (trainer/platform/env.py), of the suite (published and
@@ -14,7 +15,9 @@ rlbench/suites/profile_guess.py; without a single match the published profile (f
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
+from pathlib import Path
 from typing import Any
 
 from rlbench.suites.suite import Suite
@@ -36,10 +39,43 @@ def known_arches(suite: Suite | None = None, detected: str | None = None) -> lis
 
 
 def validate_arch(arch: str, suite: Suite | None = None, detected: str | None = None) -> None:
+    """A ConfigError naming the known arches when `arch` is none of them ('' included: never "not given")."""
     known = known_arches(suite, detected)
     if arch not in known:
-        raise ConfigError(f"--arch {arch}: not a known arch; choose one of {', '.join(known)} "
-                          "(the part of the GPU's arch name before ':', e.g. gfx942 or sm_90)")
+        close = [k for k in known if k.lower() == arch.strip().lower()] or difflib.get_close_matches(
+            arch, known, n=1, cutoff=0.8)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        raise ConfigError(f"--arch {arch or repr(arch)}: not a known arch; choose one of {', '.join(known)} "
+                          f"(the part of the GPU's arch name before ':', e.g. gfx942 or sm_90){hint}")
+
+
+def validate_device(device: str, suite: Suite | None = None, flag: str = "--device") -> None:
+    """A ConfigError naming the known boards when `device` matches none of them (device-scoped checks
+    would then skip as "another board" on a name that is only misspelt)."""
+    from rlbench.checks.evaluate import device_matches
+    from trainer.platform.env import KNOWN_DEVICES
+
+    known = set(KNOWN_DEVICES)
+    if suite is not None:
+        known |= {suite.published_on.device, *(ref.device for ref in suite.references if ref.device)}
+    if any(device_matches(k, device) for k in known):
+        return
+    close = difflib.get_close_matches(device.strip().upper(), sorted(known), n=1, cutoff=0.6)
+    hint = f"did you mean {close[0]}? " if close else ""
+    raise ConfigError(f"{flag} {device or repr(device)}: matches no known board; {hint}give one of "
+                      f"{', '.join(sorted(known))}, or the name the GPU reports (e.g. 'AMD Instinct MI300X')")
+
+
+def check_out_folder(flag: str, out: str, example: str = "runs/check") -> None:
+    """A ConfigError when `out` (a folder to create) is an existing file or lies under one."""
+    p = Path(out)
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                what = "is an existing file" if q == p else f"lies under {q}, an existing file"
+                raise ConfigError(f"{flag} {out}: {what}, not a folder (fix: pass a folder to write into, e.g. "
+                                  f"{flag} {example})")
+            return
 
 
 def detected_arch() -> str:

@@ -260,15 +260,20 @@ def pytest_configure(config: pytest.Config) -> None:
         if not state.logs.is_dir():
             raise pytest.UsageError(f"--rlbench-logs {logs}: not a folder; pass the folder holding "
                                     "<suite_id>/<profile>/<mode>.jsonl")
-        state.arch = config.getoption("--arch") or _detect()["arch"]
-        state.device_name = config.getoption("--rlbench-device") or ""
+        arch, device = _arch_and_device(config, None)
+        state.arch = _detect()["arch"] if arch is None else arch
+        state.device_name = device or ""
         state.env = {"arch": state.arch, "device_name": state.device_name, "logs": str(state.logs)}
     else:
         from rlbench.run.runner import arch_mismatch, machine_info
 
         env = _detect()
         detected = str(env.get("arch") or "cpu")
-        state.arch = config.getoption("--arch") or detected
+        arch, device = _arch_and_device(config, detected)
+        if device is not None:
+            raise pytest.UsageError(f"--rlbench-device {device}: names the board of logs made elsewhere, so it goes "
+                                    "with --rlbench-logs; a run made here is on this machine's board (drop it)")
+        state.arch = detected if arch is None else arch
         msg = arch_mismatch(state.arch, detected, env.get("device_name"))
         if msg and not config.getoption("--rehearse"):  # a rehearsal runs on this CPU whatever --arch names
             raise pytest.UsageError(msg)
@@ -279,6 +284,22 @@ def pytest_configure(config: pytest.Config) -> None:
     state.capture = config.pluginmanager.get_plugin("capturemanager")
     config.stash[_STATE] = state
     config.pluginmanager.register(ItemRecorder(state), "rlbench-item-recorder")
+
+
+def _arch_and_device(config: pytest.Config, detected: str | None) -> tuple[str | None, str | None]:
+    """`--arch` and `--rlbench-device` as given (None: not given; '' is given, and refused), each checked
+    against the known ones as `rlbench check` checks them."""
+    from rlbench.run.inputs import validate_arch, validate_device
+
+    arch, device = config.getoption("--arch"), config.getoption("--rlbench-device")
+    try:
+        if arch is not None:
+            validate_arch(arch, detected=detected)
+        if device is not None:
+            validate_device(device, flag="--rlbench-device")
+    except RLBenchError as e:
+        raise pytest.UsageError(str(e)) from None
+    return arch, device
 
 
 def pytest_report_header(config: pytest.Config) -> str | None:

@@ -5,6 +5,7 @@ CPU machine, shape mismatches warned, and bad logs, suites and flags refused in 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -148,6 +149,46 @@ def test_unknown_arch_is_rejected_with_the_known_ones(tmp_path: Path, capsys, ar
     assert all(a in lines[0] for a in ("cpu", "gfx942", "gfx950", "sm_90"))
 
 
+@pytest.mark.parametrize("arch, shown, hint", [("CPU", "CPU", "; did you mean cpu?"), ("", "''", ""),
+                                               ("gfx9500", "gfx9500", "; did you mean gfx950?")])
+def test_arch_in_another_case_or_empty_is_refused(tmp_path: Path, capsys, arch: str, shown: str, hint: str) -> None:
+    """`--arch CPU` is not cpu and `--arch ''` is not "not given": both refused with the known arches."""
+    log = write_qwen3_8b_grpo_log(tmp_path / "run.jsonl")
+    rc, _, err = _main(["check", str(log), "--suite", SUITE, "--profile", "full", "--arch", arch], capsys)
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: --arch {shown}: not a known arch; choose one of cpu, gfx942, gfx950")
+    assert lines[0].endswith(f"e.g. gfx942 or sm_90){hint}")
+
+
+def test_device_that_matches_no_board_is_refused(tmp_path: Path, capsys) -> None:
+    """`--device MI355` would make every device-scoped check skip as "another board"."""
+    log = write_qwen3_8b_grpo_log(tmp_path / "run.jsonl")
+    argv = ["check", str(log), "--suite", SUITE, "--profile", "full", "--arch", "gfx950", "--out", str(tmp_path / "o")]
+    rc, out, err = _main(argv + ["--device", "MI355"], capsys)
+    assert rc == 2 and out == "" and err.strip().startswith(
+        "error: --device MI355: matches no known board; did you mean MI355X? give one of A100, H100")
+    assert "MI350X, MI355X, or the name the GPU reports" in err and not (tmp_path / "o").exists()
+    for good in ("MI355X", "AMD Instinct MI355X"):
+        rc, _, err = _main(argv + ["--device", good], capsys)
+        assert rc == 0, err
+
+
+def test_out_that_is_an_existing_file_is_one_line_exit_2(tmp_path: Path, capsys) -> None:
+    """`--out FILE` (or a folder under a file): one line before anything is read or written; the file is kept."""
+    log = write_qwen3_8b_grpo_log(tmp_path / "run.jsonl")
+    afile = tmp_path / "afile"
+    afile.write_text("keep me\n")
+    for out, what in ((afile, "is an existing file"), (afile / "sub", f"lies under {afile}, an existing file")):
+        rc, _, err = _main(["check", str(log), "--suite", SUITE, "--profile", "full", "--arch", "gfx950",
+                            "--out", str(out)], capsys)
+        assert rc == 2 and err.strip() == (f"error: --out {out}: {what}, not a folder (fix: pass a folder to write "
+                                           "into, e.g. --out runs/check)"), err
+    rc, _, err = _main(["run", SUITE, "--profile", "cpu", "--arch", "cpu", "--out", str(afile)], capsys)
+    assert rc == 2 and err.strip().startswith(f"error: --out {afile}: is an existing file, not a folder")
+    assert afile.read_text() == "keep me\n"
+
+
 # ---------------------------------------------------------------- rewards, bad files
 def test_reward_named_accuracy_needs_the_flag(tmp_path: Path, capsys) -> None:
     text = write_qwen3_8b_grpo_log(tmp_path / "r.jsonl").read_text().replace("/acc/mean@1", "/reward/mean@1")
@@ -166,6 +207,8 @@ def test_reward_named_accuracy_needs_the_flag(tmp_path: Path, capsys) -> None:
     (lambda p: p.write_text("step:1 - a/x:" + "7" * (25 * 10**6)), "a 25.0 MB line, over the 1.0 MB limit"),
     (lambda p: p.write_text(""), "the file is empty"),
     (lambda p: p.mkdir(), "is a directory, not a metrics log"),
+    (lambda p: os.mkfifo(p), "not a regular file (a FIFO), not a metrics log"),
+    (lambda p: p.symlink_to(os.devnull), "not a regular file (a character device), not a metrics log"),
 ])
 def test_bad_log_files_are_one_line_exit_2(tmp_path: Path, capsys, make, needle: str) -> None:
     path = tmp_path / "bad.log"

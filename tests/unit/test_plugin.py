@@ -55,6 +55,28 @@ def test_arch_contradicting_machine_stops_at_start(project: pytest.Pytester) -> 
     assert "passed" not in res.stdout.str()
 
 
+@pytest.mark.parametrize("arch, shown, hint", [("gfx9500", "gfx9500", "did you mean gfx950?"),
+                                               ("CPU", "CPU", "did you mean cpu?"), ("", "''", "")])
+def test_unknown_arch_stops_at_start_naming_the_known_ones(project: pytest.Pytester, arch: str, shown: str,
+                                                           hint: str) -> None:
+    """As `rlbench check` refuses them: no "a gfx9500 GPU", no "a CPU GPU", and '' is not "not given"."""
+    res = project.runpytest(*_args(project, "--arch", arch, "--collect-only"))
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    err = res.stderr.str()
+    assert f"--arch {shown}: not a known arch; choose one of cpu, gfx942, gfx950, sm_80, sm_90" in err, err
+    assert hint in err and "GPU, or use --arch" not in err
+
+
+def test_rlbench_device_unknown_or_without_logs_stops_at_start(project: pytest.Pytester, tmp_path: Path) -> None:
+    res = project.runpytest(*_args(project, "--arch", "cpu", "--rlbench-device", "MI300X", "--collect-only"))
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--rlbench-device MI300X: names the board of logs made elsewhere" in res.stderr.str()
+    res = project.runpytest(*_args(project, "--arch", "gfx950", "--rlbench-logs", str(tmp_path),
+                                   "--rlbench-device", "MI355", "--collect-only"))
+    assert res.ret == pytest.ExitCode.USAGE_ERROR
+    assert "--rlbench-device MI355: matches no known board; did you mean MI355X?" in res.stderr.str()
+
+
 def test_profiles_that_cannot_run_are_skipped_with_reasons(project: pytest.Pytester) -> None:
     res = project.runpytest(*_args(project, "--arch", "cpu", "--profile", "full,mini"))
     outcomes = res.parseoutcomes()
