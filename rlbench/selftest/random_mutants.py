@@ -243,7 +243,7 @@ def _run(cfg: dict[str, Any], folder: Path, mutant: Mutant | None, timeout_s: fl
         with open(folder / "train.log", "w") as log:
             try:
                 rc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, stdout=log,
-                                    stderr=subprocess.STDOUT, timeout=timeout_s).returncode
+                                    stderr=subprocess.STDOUT, timeout=timeout_s, check=False).returncode
             except subprocess.TimeoutExpired:
                 rc = None
         return rc, time.perf_counter() - t0
@@ -360,14 +360,14 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         f"# rlbench selftest --random {result['drawn']} (seed {result['seed']}): {result['suite']} [{result['profile']}]",
         "",
-        f"Mutation score {s['killed']} / {s['mutants'] - s['equivalent']} = {s['score']:.0%} of the non-equivalent "
-        f"mutants killed; {s['equivalent']} equivalent (every logged number bit-identical to the clean run), "
-        f"{s['survived']} survived. Statuses: " + ", ".join(f"{k} {n}" for k, n in sorted(s["by_status"].items())) + ".",
+        (f"Mutation score {s['killed']} / {s['mutants'] - s['equivalent']} = {s['score']:.0%} of the non-equivalent "
+         f"mutants killed; {s['equivalent']} equivalent (every logged number bit-identical to the clean run), "
+         f"{s['survived']} survived. Statuses: " + ", ".join(f"{k} {n}" for k, n in sorted(s["by_status"].items())) + "."),
         "",
-        f"Drawn with `random.Random({result['seed']}).sample` from {result['sites']} sites. Machine: "
-        f"{result['machine']['hostname']}, {result['machine']['cpu_count']} CPUs; torch {v.get('torch')}; commit "
-        f"{str(git.get('commit'))[:10]}{' (dirty)' if git.get('dirty') else ''}; {result['date']}; "
-        f"{result['wall_s'] / 60:.1f} min. Overrides: {' '.join(result['sets'])}.",
+        (f"Drawn with `random.Random({result['seed']}).sample` from {result['sites']} sites. Machine: "
+         f"{result['machine']['hostname']}, {result['machine']['cpu_count']} CPUs; torch {v.get('torch')}; commit "
+         f"{str(git.get('commit'))[:10]}{' (dirty)' if git.get('dirty') else ''}; {result['date']}; "
+         f"{result['wall_s'] / 60:.1f} min. Overrides: {' '.join(result['sets'])}."),
         "",
         "| mutant | function | change | status | caught by / metrics moved | s |",
         "|---|---|---|---|---|---|",

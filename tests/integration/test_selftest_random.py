@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import random
 
 import pytest
 
 from rlbench.run.runner import find_suite
-from rlbench.selftest.random_mutants import run_random
+from rlbench.selftest.random_mutants import enumerate_mutants, run_random
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -22,7 +23,4 @@ def test_random_selftest_scores_its_draw(tmp_path):
     saved = json.loads((tmp_path / "out" / "verl_grpo_qwen3_8b_sglang_gfx950.cpu.random2.seed3.json").read_text())
     assert saved["seed"] == 3 and [m["id"] for m in saved["mutants"]] == [m["id"] for m in result["mutants"]]
     # the same seed draws the same mutants
-    from rlbench.selftest.random_mutants import enumerate_mutants
-    import random
-
     assert [m.id for m in random.Random(3).sample(enumerate_mutants(), 2)] == [m["id"] for m in result["mutants"]]

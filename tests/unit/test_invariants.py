@@ -15,8 +15,7 @@ from trainer.algorithms.aggregation import agg_loss, global_counts
 from trainer.algorithms.kl import kl_penalty
 from trainer.algorithms.policy_loss import compute_policy_loss
 from trainer.components import invariants as inv
-from trainer.rewards import compute_score, known_data_sources
-from trainer.rewards import arithmetic
+from trainer.rewards import arithmetic, compute_score, known_data_sources
 
 
 def _score(ds, text, gt):
@@ -63,7 +62,7 @@ def test_generation_violations():
 
 
 def _adam_cfg(**kw):
-    base = dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.1, warmup_steps=3, grad_clip=1.0)
+    base = {"lr": 1e-3, "betas": (0.9, 0.999), "weight_decay": 0.1, "warmup_steps": 3, "grad_clip": 1.0}
     return SimpleNamespace(**{**base, **kw})
 
 
@@ -122,8 +121,9 @@ def _micro(n=6, r=5, seed=0):
 
 
 def _loss_cfg(**kw):
-    base = dict(clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=3.0, tis_cap=None, loss_agg_mode="token-mean",
-                use_kl_loss=True, kl_loss_type="low_var_kl", kl_loss_coef=0.1, entropy_coeff=0.01, moe_aux_loss_coeff=0.0)
+    base = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0, "tis_cap": None,
+            "loss_agg_mode": "token-mean", "use_kl_loss": True, "kl_loss_type": "low_var_kl", "kl_loss_coef": 0.1,
+            "entropy_coeff": 0.01, "moe_aux_loss_coeff": 0.0}
     return SimpleNamespace(**{**base, **kw})
 
 

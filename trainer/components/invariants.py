@@ -135,12 +135,12 @@ def generation_violations(responses: torch.Tensor, response_mask: torch.Tensor, 
     """Rows that break the stop rules: a stop token before the last token, a row without a final stop token
     shorter than `max_len`, a finish reason that disagrees, or a mask that is not exactly the first L tokens
     (L = the row's length by these rules)."""
-    stops = set(int(s) for s in stop_ids)
+    stops = {int(s) for s in stop_ids}
     bad = 0
     toks = responses.tolist()
     mask = response_mask.tolist()
     for i, (row, m) in enumerate(zip(toks, mask)):
-        n = int(round(sum(m)))
+        n = round(sum(m))
         first = next((j for j, t in enumerate(row[:max_len]) if t in stops), None)
         length = first + 1 if first is not None and first < n else n  # a stop inside the masked part ends it
         ends_on_stop = n > 0 and row[n - 1] in stops

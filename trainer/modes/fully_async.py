@@ -150,6 +150,7 @@ def take_groups(rollouters: list, k: int, context: str, *, poll_s: float = 0.5) 
 def train_fully_async(cfg: TrainerConfig) -> Path:
     import ray
 
+    from trainer.components.invariants import async_witness_metrics
     from trainer.distributed.cluster import (
         WorkerDiedError,
         bundle_options,
@@ -168,7 +169,6 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         step_metrics,
     )
     from trainer.distributed.trainer_worker import check_supported
-    from trainer.components.invariants import async_witness_metrics
     from trainer.modes.steps import turn_metrics
 
     check_supported(cfg)
