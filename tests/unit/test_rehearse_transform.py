@@ -79,7 +79,8 @@ def test_model_standins_keep_the_architecture():
 
 
 def _rows(n: int, **over) -> dict[int, dict]:
-    base = {"actor/pg_loss": 0.1, "training/rollout_probs_diff_max": 1e-7, "actor/ppo_kl_first_minibatch": 0.0}
+    base = {"actor/pg_loss": 0.1, "training/rollout_probs_diff_max": 1e-7, "actor/ppo_kl_first_minibatch": 0.0,
+            "actor/grad_norm": 0.5, "critic/score/max": 1.0, "critic/score/min": 0.0}
     return {s: {**base, **{k: v[s - 1] if isinstance(v, list) else v for k, v in over.items()}} for s in range(1, n + 1)}
 
 
@@ -91,6 +92,11 @@ def test_mechanics_pass_clean_and_fail_a_bad_sync_or_nan():
     assert {c["check"] for c in bad_sync if c["result"] == "fail"} == {"logprob_agreement", "weight_sync"}
     nan = mechanics.evaluate_mechanics(_rows(3, **{"actor/pg_loss": [0.1, "nan", 0.1]}), total_steps=3, mode="colocated")
     assert [c["check"] for c in nan if c["result"] == "fail"] == ["finite_losses"]
+    flat = mechanics.evaluate_mechanics(_rows(3, **{"actor/grad_norm": 0.0, "critic/score/max": 0.0}), total_steps=3,
+                                        mode="colocated")
+    assert [c["result"] for c in flat if c["check"] == "update"] == ["not evaluated"]  # equal rewards: no gradient
+    stuck = mechanics.evaluate_mechanics(_rows(3, **{"actor/grad_norm": 0.0}), total_steps=3, mode="colocated")
+    assert [c["result"] for c in stuck if c["check"] == "update"] == ["fail"]  # rewards differ, no gradient
     short = mechanics.evaluate_mechanics(_rows(2), total_steps=3, mode="colocated")
     assert short[0] == {"check": "steps", "result": "fail", "detail": "2 of 3 training steps logged"}
     moe = mechanics.evaluate_mechanics(_rows(3, **{"actor/moe/router_entropy": 1.5, "actor/moe/expert_load/cv": 0.3}),
