@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import tempfile
+from pathlib import Path
 
 import yaml
 
@@ -40,7 +42,13 @@ def main(argv: list[str] | None = None) -> int:
         return trainer_main([args.config])
     finally:
         if cluster is not None:
+            address = cluster.address
             cluster.shutdown()
+            # the test cluster's head writes its address where a later plain ray.init() looks for a running
+            # cluster (/tmp/ray/ray_current_cluster); the next local run would try to join the dead one
+            marker = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+            if marker.is_file() and marker.read_text().strip() == address:
+                marker.unlink()
 
 
 if __name__ == "__main__":

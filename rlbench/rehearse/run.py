@@ -24,6 +24,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -43,6 +44,10 @@ FAULT_ENV = "RLBENCH_REHEARSAL_FAULT"
 FAULTS = ("tp_shard",)
 NOT_EVALUATED = "not evaluated (rehearsal)"
 REHEARSED_PROFILES = ("full", "mini")
+
+
+def _rel(p: Path) -> str:
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def _commit() -> str:
@@ -114,7 +119,7 @@ def child_env(plan: Plan, fault: str | None) -> dict[str, str]:
 
 
 def rehearse(suite_name: str, profile: str, mode: str, *, fault: str | None = None, timeout_s: int = 1500,
-             report_dir: Path = REPORT_DIR, status=print) -> dict[str, Any]:
+             report_dir: Path = REPORT_DIR, run_root: Path | None = None, status=print) -> dict[str, Any]:
     from rlbench.run.runner import find_suite
 
     suite = find_suite(suite_name)
@@ -122,10 +127,15 @@ def rehearse(suite_name: str, profile: str, mode: str, *, fault: str | None = No
     materialize_model(plan)
     cfg = plan.config
     out_dir = ROOT / cfg["trainer"]["out_dir"]
+    if run_root is not None:  # e.g. a test's tmp folder instead of runs/rehearsal/
+        out_dir = Path(run_root) / suite.id / profile / mode
+        cfg["trainer"]["out_dir"] = str(out_dir)
     if fault:
         out_dir = out_dir.with_name(out_dir.name + f"-fault-{fault}")
-        cfg["trainer"]["out_dir"] = str(out_dir.relative_to(ROOT))
-    out_dir.mkdir(parents=True, exist_ok=True)
+        cfg["trainer"]["out_dir"] = str(out_dir)
+    if out_dir.exists():  # a rehearsal starts from nothing: no metrics of an earlier one may be read as its own
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
     cfg_path = out_dir.parent / f"{out_dir.name}.rehearsal.yaml"
     cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     cmd = ["nice", "-n", "10", sys.executable, "-m", "rlbench.rehearse.child", str(cfg_path), "--nodes", str(plan.nodes)]
@@ -169,7 +179,7 @@ def rehearse(suite_name: str, profile: str, mode: str, *, fault: str | None = No
         "published_references": f"{sum(1 for r in suite.references if profile in r.profiles)} {NOT_EVALUATED}",
         "wall_s": round(wall, 1), "commit": _commit(), "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "node": platform.node()},
-        "config": str(cfg_path.relative_to(ROOT)), "run_dir": str(out_dir.relative_to(ROOT)),
+        "config": _rel(cfg_path), "run_dir": _rel(out_dir),
     }
     report_dir.mkdir(parents=True, exist_ok=True)
     name = f"{suite.id}.{profile}.{mode}" + (f".fault-{fault}" if fault else "") + ".json"

@@ -196,7 +196,7 @@ def rehearsal_config(suite: Suite, profile: str, mode: str) -> Plan:
                 nnodes = new_world
         world = new_world
     if fully_async and nnodes > 1:
-        per_node = (int(r.get("async.train_gpus")) + int(r.get("async.rollout_gpus"))) // nnodes
+        per_node = math.ceil((int(r.get("async.train_gpus")) + int(r.get("async.rollout_gpus"))) / nnodes)
         r.set("trainer.n_gpus_per_node", max(per_node, 1), "devices per node after the world was shrunk")
     if strategy == "megatron":
         for key in ("tensor_model_parallel_size", "expert_model_parallel_size", "pipeline_model_parallel_size"):
