@@ -334,7 +334,8 @@ def cmd_list(args: argparse.Namespace) -> int:
             prof = suite.profile(pname)
             unmet = profile_unmet_requirements(suite, pname, info)
             stops = rehearsal_status(suite.id, pname)  # lines recorded by `rlbench rehearse`, never by hand
-            can = "; ".join(stops) if stops else "runs here" if not unmet else "cannot run here: " + "; ".join(unmet)
+            lines = (["cannot run here: " + "; ".join(unmet)] if unmet else []) + stops
+            can = "; ".join(lines) or "runs here"
             print(f"  {pname:8} {'+'.join(prof.modes):22} {prof.steps:4} steps  {can}")
     return 0
 

@@ -33,16 +33,27 @@ def default_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
+def rendezvous_store(world_size: int, *, timeout_s: float = 600.0) -> dist.TCPStore:
+    """Rank 0's store for the data-parallel group, bound to a port the OS picks and held open from
+    then on (a port probed free and bound later can be taken in between by another process)."""
+    return dist.TCPStore("0.0.0.0", 0, world_size, True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
 def init_data_parallel(rank: int, world_size: int, master_addr: str, master_port: int, *,
-                       backend: str = "gloo", timeout_s: float = 600.0) -> None:
-    """Join the trainer workers' default process group (idempotent)."""
+                       backend: str = "gloo", timeout_s: float = 600.0, store: dist.Store | None = None) -> None:
+    """Join the trainer workers' default process group (idempotent). Rank 0 passes the store it made
+    with `rendezvous_store`; the others connect to it at (master_addr, master_port). Without one, rank 0
+    opens the store on master_port itself (processes that agreed on a port beforehand, as the tests' spawns)."""
     if dist.is_initialized():
         return
     os.environ["MASTER_ADDR"] = master_addr
     os.environ["MASTER_PORT"] = str(master_port)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
-    dist.init_process_group(backend=backend, rank=rank, world_size=world_size,
+    if store is None:
+        store = dist.TCPStore(master_addr, master_port, world_size, rank == 0, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world_size,
                             timeout=timedelta(seconds=timeout_s))
 
 

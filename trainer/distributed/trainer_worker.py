@@ -85,13 +85,15 @@ class TrainerWorker:
             torch.cuda.set_device(self.device)
         self.with_engine = with_engine
         self.sync_group = None
+        self._store = self._sync_store = None  # rank 0's rendezvous stores (`address`, `sync_address`)
 
     def address(self) -> tuple[str, int]:
-        """(node ip, free port) for the data-parallel group's rendezvous (called on rank 0)."""
+        """(node ip, port) of the data-parallel group's rendezvous store, which rank 0 opens here and holds."""
+        from trainer.backends.fsdp import rendezvous_store
         from trainer.distributed.cluster import node_ip
-        from trainer.platform.env import free_port
 
-        return node_ip(), free_port()
+        self._store = rendezvous_store(self.world_size)
+        return node_ip(), self._store.port
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the data-parallel group, load and shard the model, build the engine. Returns facts."""
@@ -104,7 +106,7 @@ class TrainerWorker:
         t0 = time.perf_counter()
         if self.world_size > 1:
             init_data_parallel(self.rank, self.world_size, master_addr, master_port,
-                               backend=default_backend(self.device))
+                               backend=default_backend(self.device), store=self._store)
         torch.manual_seed(cfg.trainer.seed)
         model, self.tokenizer = load_model_and_tokenizer(cfg.model, seed=cfg.trainer.seed)
         self.eos_ids = eos_token_ids(self.tokenizer, model)
@@ -234,11 +236,20 @@ class TrainerWorker:
             self.engine.version = version
 
     # ------------------------------------------------------------------ weight sync to rollout workers
+    def sync_address(self, world_size: int) -> tuple[str, int]:
+        """(node ip, port) of the weight-sync group's store, which rank 0 opens here and holds."""
+        from trainer.backends.fsdp import rendezvous_store
+        from trainer.distributed.cluster import node_ip
+
+        self._sync_store = rendezvous_store(world_size)
+        return node_ip(), self._sync_store.port
+
     def init_sync_group(self, master_addr: str, master_port: int, world_size: int) -> None:
         from trainer.rollout.weight_sync import SyncGroup
 
         if self.rank == 0:
-            self.sync_group = SyncGroup(0, world_size, master_addr, master_port, device=self.device)
+            self.sync_group = SyncGroup(0, world_size, master_addr, master_port, device=self.device,
+                                        store=self._sync_store)
 
     def send_weights(self, plan: list, bucket_mb: float) -> dict[str, float]:
         from trainer.rollout.weight_sync import send

@@ -215,7 +215,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         if any(p != plan for p in plans):
             raise RLBenchError(f"rollout replicas expect different weights ({len(plans)} plans differ) "
                                f"(fix: every replica must run the same rollout.engine and model)")
-        addr, port = get(trainers.workers[0].address.remote(), what="trainer worker 0")
+        addr, port = get(trainers.workers[0].sync_address.remote(1 + M), what="trainer worker 0")
         get([trainers.workers[0].init_sync_group.remote(addr, port, 1 + M)]
             + [r.init_sync_group.remote(addr, port, 1 + M, 1 + i) for i, r in enumerate(rollouters)],
             what="a worker", context="joining the weight-sync group")

@@ -70,10 +70,12 @@ class SyncGroup:
     """A process group of trainer rank 0 (rank 0 here) and the rollout workers (ranks 1..)."""
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, *, device: torch.device,
-                 timeout_s: float = 600.0):
+                 timeout_s: float = 600.0, store: dist.Store | None = None):
+        """Rank 0 passes the store it opened (`trainer.backends.fsdp.rendezvous_store`), the others connect."""
         self.rank, self.world_size, self.device = rank, world_size, device
         timeout = timedelta(seconds=timeout_s)
-        store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
+        if store is None:
+            store = dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout)
         prefix = dist.PrefixStore("weight_sync", store)
         self.backend = "nccl" if device.type == "cuda" and hasattr(dist, "ProcessGroupNCCL") else "gloo"
         if self.backend == "nccl":

@@ -203,12 +203,9 @@ def init_parallel(tp: int = 1, ep: int = 1, *, pp: int = 1, seed: int = 0) -> No
     from megatron.core.tensor_parallel.random import model_parallel_cuda_manual_seed
 
     cpu_shim()
-    if not dist.is_initialized():
-        from trainer.platform.env import free_port
-
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(free_port()))
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", rank=0, world_size=1)
+    if not dist.is_initialized():  # one rank: an in-process store, no port to race other processes for
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo", store=dist.HashStore(),
+                                rank=0, world_size=1)
     if ps.model_parallel_is_initialized():
         ps.destroy_model_parallel()
     ps.initialize_model_parallel(tensor_model_parallel_size=tp, expert_model_parallel_size=ep, pipeline_model_parallel_size=pp,
