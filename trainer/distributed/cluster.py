@@ -61,7 +61,9 @@ def init_ray(cfg: TrainerConfig, num_cpus: int | None = None) -> None:
     kwargs: dict[str, Any] = dict(include_dashboard=False, log_to_driver=True, runtime_env={"env_vars": env},
                                   ignore_reinit_error=True)
     if "RAY_ADDRESS" not in os.environ:
-        kwargs["num_cpus"] = num_cpus or max(os.cpu_count() or 2, 2)
+        # a cluster of this process's own, even where another one runs on the machine (a plain ray.init() would join
+        # whatever /tmp/ray/ray_current_cluster names: a concurrent run's cluster, or a dead one)
+        kwargs.update(address="local", num_cpus=num_cpus or max(os.cpu_count() or 2, 2))
     ray.init(**kwargs)
     if "RAY_ADDRESS" not in os.environ:  # our own cluster: nothing of it may outlive this process
         guard_local_cluster(cfg.trainer.out_dir, started_here=True)
