@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
-from tests.helpers.ranks import spawn_ranks
+from tests.helpers.ranks import leave_group, spawn_ranks
 from trainer.backends.actor import Actor
 from trainer.components.batch import Batch
 from trainer.config import ActorConfig, ModelConfig
@@ -83,8 +83,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     state = full_state_dict(model)
     if rank == 0:
         torch.save({"state": state, "metrics": metrics}, out)
-    torch.distributed.barrier()  # leave the group together: a rank exiting while the other still writes can abort
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 def test_two_fsdp_workers_match_one_worker_moe():

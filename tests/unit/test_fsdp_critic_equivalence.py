@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
-from tests.helpers.ranks import spawn_ranks
+from tests.helpers.ranks import leave_group, spawn_ranks
 from trainer.backends.critic import Critic
 from trainer.components.batch import Batch
 from trainer.config import TrainerConfig
@@ -63,7 +63,7 @@ def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     metrics = critic_update(critic, piece, N)["metrics"]
     after = critic_values(critic, piece)["values"]
     torch.save({"before": before, "after": after, "metrics": metrics}, os.path.join(out_dir, f"rank{rank}.pt"))
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.helpers.batches import N_RESP, N, R, tiny_qwen2, unequal_lengths_batch
-from tests.helpers.ranks import spawn_ranks
+from tests.helpers.ranks import leave_group, spawn_ranks
 from trainer.backends.actor import Actor
 from trainer.components.batch import Batch
 from trainer.config import ActorConfig
@@ -52,7 +52,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
         results[mode] = {"state": full_state_dict(model), "metrics": metrics}
     if rank == 0:
         torch.save(results, out)
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 def test_shard_batch_round_trip_keeps_global_order():

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
-from tests.helpers.ranks import spawn_ranks
+from tests.helpers.ranks import leave_group, spawn_ranks
 from trainer.backends.strategy import megatron_missing
 from trainer.components.batch import Batch
 from trainer.config import ActorConfig, MegatronConfig, ModelConfig
@@ -131,7 +131,7 @@ def _worker(rank: int, world: int, port: int, arch: str, tp: int, ep: int, sp: b
     weights = dict(meg.named_weights())
     if rank == 0:
         torch.save({"logp": logp, "metrics": metrics, "weights": weights}, out)
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 @pytest.mark.integration

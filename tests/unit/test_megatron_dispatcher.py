@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from tests.helpers.ranks import spawn_ranks
+from tests.helpers.ranks import leave_group, spawn_ranks
 from trainer.backends.strategy import megatron_missing
 
 pytestmark = pytest.mark.skipif(megatron_missing() is not None,
@@ -139,7 +139,7 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
     dist.all_gather_object(everyone, res)
     if rank == 0:
         torch.save(everyone, out)
-    dist.destroy_process_group()
+    leave_group()
 
 
 @pytest.mark.integration

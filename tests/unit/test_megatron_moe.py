@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tests.helpers.batches import N, R
-from tests.helpers.ranks import spawn_ranks
+from tests.helpers.ranks import leave_group, spawn_ranks
 from tests.unit.test_megatron_backend import _batch, _hf
 from trainer.backends.strategy import megatron_missing
 from trainer.config import ActorConfig, MegatronConfig
@@ -129,7 +129,7 @@ def _worker(rank: int, world: int, port: int, coeff: float, out: str) -> None:
     weights = dict(meg.named_weights())
     if rank == 0:
         torch.save({"metrics": metrics, "weights": weights}, out)
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 @pytest.mark.integration

@@ -22,7 +22,7 @@ import torch
 
 from tests.helpers.batches import N_RESP, N, R, unequal_lengths_batch
 from tests.helpers.configs import tiny_config
-from tests.helpers.ranks import spawn_ranks
+from tests.helpers.ranks import leave_group, spawn_ranks
 from trainer.backends.strategy import check_strategy, megatron_missing
 from trainer.components.batch import Batch
 from trainer.config import ActorConfig, MegatronConfig, ModelConfig, load_config
@@ -82,7 +82,7 @@ def _worker(rank: int, world: int, port: int, arch: str, layout: dict, out: str)
     resumed = _resume_check(meg, rank, f"{out}.ckpt") if arch == "qwen3" else None
     torch.save({"logp": logp, "metrics": metrics, "weights": weights, "layers": layers,
                 "layout": meg.checkpoint_layout(), "resume": resumed}, f"{out}.{rank}")
-    torch.distributed.destroy_process_group()
+    leave_group()
 
 
 def _resume_check(meg, rank: int, path: str) -> dict:
