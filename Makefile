@@ -17,8 +17,12 @@ install:
 train: install
 	$(PYTHON) -m trainer trainer/configs/grpo_smollm2_arithmetic.yaml
 
+# The default tier in TEST_WORKERS pytest-xdist processes (one torch thread each), then the few tests that
+# assert on wall time (marker `timing`) alone, then the suites.
+TEST_WORKERS ?= 2
 test: install
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(TEST_WORKERS) -m 'not slow and not gpu and not vllm and not timing'
+	$(PYTHON) -m pytest -q -m timing
 	$(MAKE) --no-print-directory test-suites
 
 test-unit:

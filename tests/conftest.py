@@ -9,7 +9,8 @@ import pytest
 
 from tests.helpers.configs import tiny_config
 
-os.environ.setdefault("OMP_NUM_THREADS", "2")
+# one torch thread per pytest-xdist worker (`make test` runs two on two cores): more would oversubscribe the cores
+os.environ.setdefault("OMP_NUM_THREADS", "1" if os.environ.get("PYTEST_XDIST_WORKER") else "2")
 
 
 @pytest.fixture

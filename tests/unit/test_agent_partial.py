@@ -187,6 +187,7 @@ class SlowDecode(InterruptibleEngine):
         pass
 
 
+@pytest.mark.timing  # the overlap it measures shrinks when another worker shares the cores
 def test_tool_calls_run_while_other_samples_decode(policy: ToolPolicy) -> None:
     from trainer.components.batch import batch_from_rollout
     from trainer.modes.steps import turn_metrics

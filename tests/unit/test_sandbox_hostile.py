@@ -23,6 +23,8 @@ import pytest
 
 from trainer.agent.sandbox import Sandbox, ToolResult
 
+pytestmark = pytest.mark.timing  # time limits of a second or two: alone, not beside another worker
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "rlbench-secret-" + uuid.uuid4().hex[:8]
 

@@ -55,7 +55,8 @@ def _writer(tmp_path: Path, db: Path, tag: str, n: int, marker: str = "-", start
     script = tmp_path / "writer.py"
     script.write_text(_WRITER)
     args = [sys.executable, str(script), str(db), tag, str(n), marker] + ([str(start)] if start else [])
-    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})  # the tree under test, installed or not
 
 
 def test_kill_9_mid_write_leaves_earlier_runs_and_no_partial_run(tmp_path: Path) -> None:
