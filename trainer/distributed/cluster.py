@@ -1,9 +1,10 @@
 """Ray cluster, placement groups, and turning a dead worker into a clear one-line error.
 
-    init_ray(cfg)                                   # a local cluster, or the one in RAY_ADDRESS
-    pg = placement_group_for(num_workers, use_gpu)  # one bundle per worker, packed on one node
-    handle = actor_cls.options(**bundle_options(pg, i, use_gpu)).remote(...)
-    result = get(ref, what="rollout worker")        # raises WorkerDiedError if the actor died
+    init_ray(cfg)                                             # a local cluster, or the one in RAY_ADDRESS
+    place = place_workers(num_workers, use_gpu, per_node=8)   # <= 8 workers per node, node by node
+    handle = actor_cls.options(**place.options(i)).remote(...)
+    result = get(ref, what="rollout worker")                  # raises WorkerDiedError if the actor died
+    place.remove()
 
 On a CPU machine the "devices" are CPU workers: one bundle of one CPU each, so CI exercises the
 same actors, groups and messages as a GPU run. `RAY_ADDRESS` (Ray's own variable) joins an
@@ -14,6 +15,7 @@ processes outlive the driver, even after kill -9, and a run clears what a killed
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,30 +71,55 @@ def init_ray(cfg: TrainerConfig, num_cpus: int | None = None) -> None:
         guard_local_cluster(cfg.trainer.out_dir, started_here=True)
 
 
-def placement_group_for(num_workers: int, use_gpu: bool, *, name: str = "") -> Any:
-    """A STRICT_PACK placement group of one bundle per worker (1 GPU + 1 CPU, or 1 CPU)."""
+@dataclass
+class Placement:
+    """Where each worker of a role runs: worker i takes bundle i % per_node of group i // per_node, each group a
+    STRICT_PACK placement group (one node) of up to `per_node` bundles. A role of more workers than a node holds
+    (32 trainer ranks on 8-GPU nodes) spans nodes in whole node-sized groups, ranks in node order, as verl
+    places its resource pools; a single STRICT_PACK group of every worker could never be placed there."""
+
+    groups: list[Any]
+    per_node: int
+    use_gpu: bool
+
+    def options(self, index: int, **extra: Any) -> dict[str, Any]:
+        """`actor_cls.options(...)` keywords that put worker `index` on its bundle (1 GPU + 1 CPU, or 1 CPU)."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        group, bundle = divmod(index, self.per_node)
+        return dict(num_cpus=1, num_gpus=1 if self.use_gpu else 0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=self.groups[group],
+                                                                         placement_group_bundle_index=bundle),
+                    **extra)
+
+    def remove(self) -> None:
+        import ray
+
+        for group in self.groups:
+            ray.util.remove_placement_group(group)
+
+
+def place_workers(num_workers: int, use_gpu: bool, *, per_node: int, name: str = "", wait_s: float = 120) -> Placement:
+    """Reserve one bundle per worker, at most `per_node` on a node (class docstring); waits up to `wait_s`."""
     import ray
     from ray.util.placement_group import placement_group
 
     bundle = {"GPU": 1, "CPU": 1} if use_gpu else {"CPU": 1}
-    pg = placement_group([dict(bundle) for _ in range(num_workers)], strategy="STRICT_PACK", name=name)
-    ready = pg.ready()
+    sizes = [min(per_node, num_workers - start) for start in range(0, num_workers, per_node)]
+    groups = [placement_group([dict(bundle) for _ in range(n)], strategy="STRICT_PACK", name=f"{name}-{g}")
+              for g, n in enumerate(sizes)]
+    place = Placement(groups, per_node, use_gpu)
     try:
-        ray.get(ready, timeout=120)
+        ray.get([g.ready() for g in groups], timeout=wait_s)
     except ray.exceptions.GetTimeoutError:
-        have = ray.cluster_resources()
-        raise RLBenchError(f"Ray cannot place {num_workers} workers of {bundle} (cluster has {have}) "
-                           f"(fix: lower async.rollout_gpus/async.train_gpus or trainer.n_gpus_per_node)") from None
-    return pg
-
-
-def bundle_options(pg: Any, index: int, use_gpu: bool, **extra: Any) -> dict[str, Any]:
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    return dict(num_cpus=1, num_gpus=1 if use_gpu else 0,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(placement_group=pg,
-                                                                     placement_group_bundle_index=index),
-                **extra)
+        place.remove()
+        kind = "GPU" if use_gpu else "CPU"
+        nodes = [int(n["Resources"].get(kind, 0)) for n in ray.nodes() if n.get("Alive")]
+        raise RLBenchError(f"Ray cannot place {num_workers} workers as {len(sizes)} group(s) of {max(sizes)} {kind} "
+                           f"bundle(s), each group on one node; the cluster's live nodes have {nodes} {kind}s "
+                           f"(fix: trainer.n_gpus_per_node = the devices one node gives this role, or fewer "
+                           f"async.rollout_gpus/async.train_gpus)") from None
+    return place
 
 
 def get(refs: Any, *, what: str, context: str = "") -> Any:

@@ -28,7 +28,7 @@ from trainer.components.checkpoint import (
 )
 from trainer.components.metrics import MetricsWriter
 from trainer.config import TrainerConfig
-from trainer.distributed.cluster import bundle_options, get, placement_group_for
+from trainer.distributed.cluster import get, place_workers
 from trainer.distributed.sharding import check_divisible, shard_batch, unshard_rows
 from trainer.errors import ConfigError
 
@@ -52,9 +52,9 @@ class TrainerGroup:
         from trainer.distributed.trainer_worker import TrainerWorker
 
         self.cfg, self.world = cfg, num_workers
-        self.pg = placement_group_for(num_workers, use_gpu, name=f"{name}-pg")
+        self.place = place_workers(num_workers, use_gpu, per_node=cfg.trainer.n_gpus_per_node, name=f"{name}-pg")
         cls = ray.remote(TrainerWorker)
-        self.workers = [cls.options(**bundle_options(self.pg, r, use_gpu), name=f"{name}-{r}").remote(
+        self.workers = [cls.options(**self.place.options(r), name=f"{name}-{r}").remote(
             cfg.to_dict(), r, num_workers, with_engine=with_engine) for r in range(num_workers)]
         addr, port = get(self.workers[0].address.remote(), what="trainer worker 0", context="at start")
         self.facts = get([w.setup.remote(addr, port) for w in self.workers], what="a trainer worker",
@@ -121,7 +121,7 @@ class TrainerGroup:
             pass
         for w in self.workers:
             ray.kill(w)
-        ray.util.remove_placement_group(self.pg)
+        self.place.remove()
 
 
 def step_metrics(batch: Batch, cfg: TrainerConfig, *, step: int, step_s: float, num_devices: int) -> dict[str, float]:

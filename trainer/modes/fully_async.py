@@ -153,10 +153,9 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
     from trainer.components.invariants import async_witness_metrics
     from trainer.distributed.cluster import (
         WorkerDiedError,
-        bundle_options,
         get,
         init_ray,
-        placement_group_for,
+        place_workers,
         uses_gpu,
         write_failure,
     )
@@ -191,7 +190,7 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
     num_devices = a.rollout_gpus + a.train_gpus
     init_ray(cfg, num_cpus=num_devices + 1)
 
-    step, rollouters, trainers, pg = 0, [], None, None
+    step, rollouters, trainers, place = 0, [], None, None
     progress = None
     what = "rollout worker" if M == 1 else "a rollout worker"
 
@@ -201,8 +200,8 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                 for i, ref in enumerate(refs)]
 
     try:
-        pg = placement_group_for(M, use_gpu, name="rollout-pg")
-        rollouters = [ray.remote(RolloutWorker).options(**bundle_options(pg, i, use_gpu, max_concurrency=8),
+        place = place_workers(M, use_gpu, per_node=cfg.trainer.n_gpus_per_node, name="rollout-pg")
+        rollouters = [ray.remote(RolloutWorker).options(**place.options(i, max_concurrency=8),
                                                         name="rollouter" if i == 0 else f"rollouter-{i}").remote(
             cfg.to_dict(), max_required_groups=shares[i], groups_per_call=per_call, replica=i, num_replicas=M)
             for i in range(M)]
@@ -355,8 +354,8 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
                 pass
         if trainers is not None:
             trainers.shutdown()
-        if pg is not None:
-            ray.util.remove_placement_group(pg)
+        if place is not None:
+            place.remove()
     if not writer.path.exists():
         raise RLBenchError(f"fully-async run wrote no metrics to {writer.path} (fix: check the worker logs)")
     return writer.path
