@@ -7,6 +7,9 @@ The defaults compare the eager and the compiled variants side by side: the stati
 without `compile_decode`, training with and without `actor.compile` (`bf16_params`, LM-head chunk
 4096), and the GRPO step in the `bf16` and the fully compiled configuration against TRL
 (reports/sm90/README.md, run 5). On a GPU machine: `bash tests/gpu/run_all.sh`.
+The GRPO step on a mixture of experts, each side in a process of its own:
+`python -m trainer.bench grpo --grpo-shape qwen3-30b-a3b-l4 --grpo-modes bf16_params --no-trl` and
+`... --no-rlbench` (tools/sm90/moe_grpo_call.sh).
 """
 
 from __future__ import annotations
@@ -87,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         "this trainer's variants in the grpo section, comma-separated: bf16, bf16_params or none, optionally "
         "followed by +compile (actor.compile) and/or +compile_decode (static engine option)"))
     ap.add_argument("--grpo-chunk", type=int, default=4096, help="actor.logprob_chunk_size in the grpo section")
+    ap.add_argument("--grpo-shape", default=None, help="model of the grpo section (default: --rollout-shape), "
+                    "e.g. qwen3-30b-a3b-l4 (Qwen3-30B-A3B's width, 4 layers)")
     ap.add_argument("--no-trl", action="store_true", help="grpo section without TRL's side")
+    ap.add_argument("--no-rlbench", action="store_true", help="grpo section without this trainer's side")
     ap.add_argument("--decode-modes", default="eager,compiled", help=(
         "rollout section: the static engine without (eager) and/or with (compiled) its compile_decode option"))
     ap.add_argument("--peak-tflops", type=float, default=None, help="vendor bf16 peak override")
@@ -168,20 +174,22 @@ def main(argv: list[str] | None = None) -> int:
                 summary.append(f"weight sync {r['shape']} ({prec}): {r['median_ms']:.2f} ms "
                                f"(weights match: {r['weights_match']})")
     if "grpo" in args.sections:
+        shape = args.grpo_shape or args.rollout_shape
         kw = dict(num_prompts=8, n=8, prompt_len=args.prompt_len, new_tokens=args.new_tokens, device=dev,
                   steps=args.grpo_steps)
         ours = []
-        for prec, extras in grpo_modes:
+        for prec, extras in [] if args.no_rlbench else grpo_modes:
             tag = grpo_step.mode_tag(prec, "compile" in extras, "compile_decode" in extras)
             r = run(f"grpo_rlbench_{tag.replace('+', '_')}", lambda: grpo_step.ours(
-                args.rollout_shape, mixed_precision=prec, chunk=args.grpo_chunk, compile_actor="compile" in extras,
+                shape, mixed_precision=prec, chunk=args.grpo_chunk, compile_actor="compile" in extras,
                 compile_decode="compile_decode" in extras, **kw))
             if r:
                 ours.append(r)
-        b = None if args.no_trl else run("grpo_trl", lambda: grpo_step.trl(args.rollout_shape, **kw))
+        b = None if args.no_trl else run("grpo_trl", lambda: grpo_step.trl(shape, **kw))
         rows = ours + [b] if b else ours
         if rows:
-            summary.append(table(rows, ["side", "mode", "median_step_s", "completion_tok_s", "peak_mem_gib"]))
+            summary.append(table(rows, ["side", "mode", "median_step_s", "completion_tok_s", "gen_s", "update_s",
+                                        "sync_s", "mfu_actor", "peak_mem_gib"]))
         for a in ours:
             if b:
                 summary.append(f"completion tok/s ratio rlbench ({a['mode']}) / trl: "

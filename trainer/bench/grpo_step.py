@@ -11,6 +11,11 @@ weights) -> padded batch -> GRPO advantages -> actor update (fp32 master weights
 -> in-place weight sync into the engine. Step 0 also measures the rollout/trainer mismatch:
 `training/rollout_probs_diff_*` (trainer's log-probs vs the engine's) and `actor/ppo_kl` with the
 engine's log-probs as the old policy (`rollout.log_prob_source: rollout`).
+
+Mixture-of-experts shapes (`shape:qwen3-30b-a3b-l4`: Qwen3-30B-A3B's width, 4 layers) run the same
+step on both sides; the static engine decodes the MoE layers through transformers' MoE block
+(trainer/rollout/static.py). On CPU (tests/unit/test_bench_grpo_moe.py) the same functions run
+without a device sync, and peak memory reads NaN.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from trainer.backends.actor import Actor
 from trainer.bench.perf import random_prompts, shape_model, sync
 from trainer.components.batch import batch_from_rollout
 from trainer.config import ActorConfig
+from trainer.ops.flops import matmul_params
 from trainer.rollout.base import SamplingParams
 
 
@@ -70,7 +76,7 @@ def ours(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: i
             mismatch["actor/ppo_kl"] = m["actor/ppo_kl"]
             mismatch["actor/pg_clipfrac"] = m["actor/pg_clipfrac"]
         else:
-            actor.update(batch, n, reuse_forward_as_old=True)
+            m = actor.update(batch, n, reuse_forward_as_old=True)
         sync()
         t_upd = time.perf_counter()
         engine.update_weights(actor.named_weights())
@@ -80,16 +86,27 @@ def ours(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: i
             warmup_s.append(t_end - t0)  # graph capture / compilation included
         else:
             times.append(t_end - t0)
-            parts.append({"gen_s": t_gen - t0, "update_s": t_upd - t_gen, "sync_s": t_end - t_upd})
+            parts.append({"gen_s": t_gen - t0, "update_s": t_upd - t_gen, "sync_s": t_end - t_upd,
+                          "mfu_actor": m.get("perf/mfu/actor", float("nan")),
+                          "completion_tokens": sum(map(len, roll.response_ids))})
     med = statistics.median(times)
     completion = num_prompts * n * new_tokens
     out = {"side": "rlbench", "mode": mode_tag(mixed_precision, compile_actor, compile_decode), "chunk": chunk,
            "median_step_s": med, "completion_tok_s": completion / med, "times_s": times,
-           "warmup_s": warmup_s, "parts": parts, "graph_capture_s": engine.compile_s, "step0_mismatch": mismatch,
-           "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30}
+           **{k: statistics.median(p[k] for p in parts) for k in ("gen_s", "update_s", "sync_s", "mfu_actor")},
+           "warmup_s": warmup_s, "parts": parts, "graph_capture_s": engine.compile_s, "graph_error": engine.graph_error,
+           "compile_error": engine.compile_error, "step0_mismatch": mismatch,
+           "experts_implementation": getattr(model.config, "_experts_implementation", None),
+           "params": sum(p.numel() for p in model.parameters()), "active_matmul_params": matmul_params(model.config),
+           "peak_mem_gib": peak_mem_gib(device)}
     del actor, engine, model
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # a no-op without CUDA
     return out
+
+
+def peak_mem_gib(device: torch.device) -> float:
+    """Peak allocated device memory (GiB) of this process; NaN off CUDA."""
+    return torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
 
 
 def mode_tag(mixed_precision: str, compile_actor: bool, compile_decode: bool) -> str:
@@ -139,7 +156,7 @@ def trl(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: in
                      gradient_accumulation_steps=1, num_generations=n, max_completion_length=new_tokens,
                      generation_kwargs={"min_new_tokens": new_tokens}, temperature=1.0, learning_rate=1e-6,
                      bf16=True, max_steps=warmup + steps, logging_steps=1, report_to="none", save_strategy="no",
-                     use_vllm=False, seed=0, shuffle_dataset=False)
+                     use_vllm=False, seed=0, shuffle_dataset=False, use_cpu=device.type == "cpu")
     rng = random.Random(0)
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kw: [rng.random() for _ in completions],
                           args=cfg, train_dataset=data, processing_class=tokenizer, callbacks=[Timer()])
@@ -148,8 +165,7 @@ def trl(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: in
     med = statistics.median(measured)
     completion = num_prompts * n * new_tokens
     out = {"side": "trl", "trl_version": trl_pkg.__version__, "median_step_s": med, "completion_tok_s": completion / med,
-           "times_s": times, "mean_completion_length": lengths,
-           "peak_mem_gib": torch.cuda.max_memory_allocated(device) / 2 ** 30}
+           "times_s": times, "mean_completion_length": lengths, "peak_mem_gib": peak_mem_gib(device)}
     del trainer, model
-    torch.cuda.empty_cache()
+    torch.cuda.empty_cache()  # a no-op without CUDA
     return out

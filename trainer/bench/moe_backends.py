@@ -310,13 +310,11 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
 # --------------------------------------------------------------------------- benchmark
 
 def qwen3_30b_a3b(layers: int):
-    from transformers import Qwen3MoeConfig
+    """The Qwen3-30B-A3B config (`shape:qwen3-30b-a3b`, trainer/models/specs.py) with its first `layers` layers."""
+    from trainer.models.specs import SHAPES
 
-    return Qwen3MoeConfig(hidden_size=2048, num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=4,
-                          head_dim=128, intermediate_size=6144, moe_intermediate_size=768, num_experts=128,
-                          num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-                          vocab_size=151936, max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-                          tie_word_embeddings=False, router_aux_loss_coef=0.0)
+    cls, kw = SHAPES["qwen3-30b-a3b"]
+    return cls(**{**kw, "num_hidden_layers": layers})
 
 
 def active_flops(c, batch: int, seq: int, head_tokens: int | None = None) -> float:

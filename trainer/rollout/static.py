@@ -5,7 +5,10 @@ Why: HF `generate` spends most of a decode step launching kernels and growing it
 the weights once plus each row's KV cache; everything else is overhead. This engine
 
 - runs its own forward for Llama-family decoders (Qwen2, Qwen3, Llama, SmolLM2: RMSNorm, rotary,
-  grouped-query attention, SwiGLU) over the transformers module's own parameter tensors;
+  grouped-query attention, SwiGLU) over the transformers module's own parameter tensors; in a
+  mixture of experts (Qwen3-MoE, Mixtral) a sparse layer's MLP is transformers' own MoE block
+  (router + experts, called as a module, eager even under `compile_decode`; its `grouped_mm`
+  experts kernel keeps the step capturable: no host sync);
 - keeps the KV cache in one preallocated tensor `[L, 2, B, H_kv, S, D]` per (batch bucket B,
   length S) so every decode step has the same shapes and addresses;
 - on CUDA captures one decode step (embed -> layers -> LM head -> sampling -> log-prob -> stop
@@ -79,8 +82,9 @@ class _Layer:
     w_qkv: torch.Tensor  # [(nq + 2 nkv) D, H]
     b_qkv: torch.Tensor | None  # [(nq + 2 nkv) D]
     w_o: torch.Tensor  # [H, nq D]
-    w_gu: torch.Tensor  # [2 I, H]
-    w_down: torch.Tensor  # [H, I]
+    w_gu: torch.Tensor | None  # [2 I, H] (None in an MoE layer)
+    w_down: torch.Tensor | None  # [H, I]
+    moe: torch.nn.Module | None  # the MoE layer's sparse block, [B, T, H] -> [B, T, H] (None in a dense one)
     q_norm: torch.Tensor | None  # [D] (Qwen3)
     k_norm: torch.Tensor | None  # [D] (Qwen3)
 
@@ -189,11 +193,25 @@ def post_attn(x: torch.Tensor, o: torch.Tensor, w_o: torch.Tensor, ln2: torch.Te
     return x + F.linear(F.silu(g) * u, w_down)
 
 
+def post_attn_moe(x: torch.Tensor, o: torch.Tensor, w_o: torch.Tensor, ln2: torch.Tensor, moe: torch.nn.Module,
+                  eps: float) -> torch.Tensor:
+    """`post_attn` with transformers' sparse MoE block (router + experts) as the MLP."""
+    x = x + F.linear(o, w_o)
+    return x + moe(rms_norm(x, ln2, eps))
+
+
 def lm_logprobs(x: torch.Tensor, norm_w: torch.Tensor, lm_head: torch.Tensor, eps: float, temperature: float
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Final norm + LM head on x `[B, H]`: fp32 logits / T and their log_softmax, both `[B, V]`."""
     scaled = F.linear(rms_norm(x, norm_w, eps), lm_head).float() / temperature
     return scaled, torch.log_softmax(scaled, dim=-1)
+
+
+def _mlp_kind(mlp: torch.nn.Module) -> str | None:
+    """`dense` (SwiGLU projections), `moe` (transformers' sparse block: a router `gate` and `experts`), or None."""
+    if hasattr(mlp, "gate_proj"):
+        return "dense"
+    return "moe" if hasattr(mlp, "experts") and hasattr(mlp, "gate") else None
 
 
 class _Fns(NamedTuple):
@@ -250,8 +268,8 @@ class StaticRolloutEngine(InterruptibleEngine):
         cfg = self.model.config
         base = getattr(self.model, self.model.base_model_prefix, None)
         layers = getattr(base, "layers", None)
-        if layers is None or not hasattr(layers[0], "self_attn") or not hasattr(layers[0].mlp, "gate_proj"):
-            raise ModelError(f"rollout.engine=static supports Llama-family decoders (Qwen2/Qwen3/Llama); "
+        if layers is None or not all(hasattr(x, "self_attn") and _mlp_kind(x.mlp) for x in layers):
+            raise ModelError(f"rollout.engine=static supports Llama-family decoders (Qwen2/Qwen3/Llama, Qwen3-MoE/Mixtral); "
                              f"{type(self.model).__name__} is not one (fix: use rollout.engine=hf)")
         if getattr(cfg, "sliding_window", None) and getattr(cfg, "use_sliding_window", False):
             raise ModelError("rollout.engine=static does not model sliding-window attention (fix: use rollout.engine=hf)")
@@ -274,11 +292,13 @@ class StaticRolloutEngine(InterruptibleEngine):
         self.layers: list[_Layer] = []
         for layer in layers:
             a, m = layer.self_attn, layer.mlp
+            dense = _mlp_kind(m) == "dense"
             self.layers.append(_Layer(
                 ln1=layer.input_layernorm.weight, ln2=layer.post_attention_layernorm.weight,
                 w_qkv=_fuse(a, ["q_proj", "k_proj", "v_proj"], "weight"),
                 b_qkv=_fuse(a, ["q_proj", "k_proj", "v_proj"], "bias"),
-                w_o=a.o_proj.weight, w_gu=_fuse(m, ["gate_proj", "up_proj"], "weight"), w_down=m.down_proj.weight,
+                w_o=a.o_proj.weight, w_gu=_fuse(m, ["gate_proj", "up_proj"], "weight") if dense else None,
+                w_down=m.down_proj.weight if dense else None, moe=None if dense else m,
                 q_norm=a.q_norm.weight if hasattr(a, "q_norm") else None,
                 k_norm=a.k_norm.weight if hasattr(a, "k_norm") else None))
 
@@ -300,8 +320,15 @@ class StaticRolloutEngine(InterruptibleEngine):
             slot.cache[i, 1, :, :, :p] = v
             o = F.scaled_dot_product_attention(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1),
                                                attn_mask=mask, scale=self.scale)  # [B, nq, P, D]
-            x = post_attn(x, o.transpose(1, 2).reshape(b, p, -1), lw.w_o, lw.ln2, lw.w_gu, lw.w_down, self.eps)
+            x = self._post_attn(post_attn, x, o.transpose(1, 2).reshape(b, p, -1), lw)
         return lm_logprobs(x[:, -1], self.final_norm, self.lm_head, self.eps, temperature)  # [B, V] each
+
+    def _post_attn(self, dense: Callable[..., torch.Tensor], x: torch.Tensor, o: torch.Tensor, lw: _Layer
+                   ) -> torch.Tensor:
+        """Output projection and MLP of one layer: `dense` (post_attn, eager or compiled), or the MoE block's."""
+        if lw.moe is not None:
+            return post_attn_moe(x, o, lw.w_o, lw.ln2, lw.moe, self.eps)
+        return dense(x, o, lw.w_o, lw.ln2, lw.w_gu, lw.w_down, self.eps)
 
     def _sample(self, scaled: torch.Tensor, logp: torch.Tensor, params: SamplingParams
                 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -339,7 +366,7 @@ class StaticRolloutEngine(InterruptibleEngine):
             vc.index_copy_(2, slot.col, v)
             qg = q.reshape(b, self.n_kv, group, self.head_dim)  # the group's query heads share one KV head
             o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask, scale=self.scale)  # [B, nkv, g, D]
-            x = fns.post_attn(x, o.reshape(b, 1, -1), lw.w_o, lw.ln2, lw.w_gu, lw.w_down, self.eps)
+            x = self._post_attn(fns.post_attn, x, o.reshape(b, 1, -1), lw)
         temperature = 1.0 if params.greedy else float(params.temperature)
         tok, logp = self._sample(*fns.head(x[:, 0], self.final_norm, self.lm_head, self.eps, temperature), params)
         slot.out_tokens.index_copy_(1, slot.t, tok[:, None])
