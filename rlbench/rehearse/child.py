@@ -42,7 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         return trainer_main([args.config])
     finally:
         if cluster is not None:
+            import ray
+
             address = cluster.address
+            ray.shutdown()  # the driver leaves first: Ray refuses to remove the node a connected driver is on
             cluster.shutdown()
             # the test cluster's head writes its address where a later plain ray.init() looks for a running
             # cluster (/tmp/ray/ray_current_cluster); the next local run would try to join the dead one
