@@ -6,7 +6,8 @@ included, as the FSDP2 run of the same config and seed
 (the engines sample the same rollouts, so the whole run is comparable; fp32 bound: rel 1e-4, abs 2e-6),
 and after every update the engines hold the trainer's weights (`training/rollout_probs_diff_max` < 1e-4;
 about 3e-9 on clean runs, 2.4e-3 when the export hands out stale weights). A TP=2 run stopped after step
-2's checkpoint and resumed logs what the uninterrupted run logs. Fully-async with 1 rollout + 2 trainer
+2's checkpoint and resumed logs what the uninterrupted run logs. With the KL loss on, TP=2 (and EP=2, slow
+tier) logs the FSDP2 run's numbers, `actor/kl_loss` included: the reference policy is built in the policy's layout. Fully-async with 1 rollout + 2 trainer
 workers at TP=2, strictly on-policy (staleness 0, a sync after every step): the broadcast reaches the
 rollout worker (the same bound at every version). Each run takes ~25-50 s on 2 busy cores.
 """
@@ -77,8 +78,26 @@ FSDP2_ONLY = {"training/clipfrac_witness_err", "training/grad_clip_err", "traini
     ("tiny:qwen3_moe", ("actor.megatron.expert_model_parallel_size=2",)),
 ], ids=["qwen3-tp1-dp2", "qwen3-tp2-dp1", "qwen3_moe-ep2-dp2"])
 def test_colocated_ray_megatron_equals_fsdp2(tmp_path: Path, fsdp2_runs, model: str, layout: tuple[str, ...]):
-    meg = _run(_cfg(tmp_path, model, "megatron", *layout))
-    ref = fsdp2_runs(model)
+    _assert_same_run(_run(_cfg(tmp_path, model, "megatron", *layout)), fsdp2_runs(model))
+
+
+KL = ("actor.use_kl_loss=true", "actor.kl_loss_coef=0.1", "actor.kl_loss_type=low_var_kl")
+
+
+@pytest.mark.parametrize(("model", "layout"), [
+    ("tiny:qwen3", ("actor.megatron.tensor_model_parallel_size=2",)),
+    pytest.param("tiny:qwen3_moe", ("actor.megatron.expert_model_parallel_size=2",), marks=pytest.mark.slow),
+], ids=["qwen3-tp2-dp1", "qwen3_moe-ep2-dp2"])
+def test_kl_loss_reference_under_megatron_equals_fsdp2(tmp_path: Path, model: str, layout: tuple[str, ...]):
+    """`actor.use_kl_loss` under Megatron: the reference policy, a second GPTModel in the policy's layout, gives
+    the FSDP2 run's KL loss (and every other number) at every step; the KL has left zero by the last step."""
+    meg = _run(_cfg(tmp_path / "megatron", model, "megatron", *layout, *KL))
+    _assert_same_run(meg, _run(_cfg(tmp_path / "fsdp2", model, "fsdp2", *KL)))
+    assert meg[-1]["data"]["actor/kl_loss"] > 1e-6 and meg[-1]["data"]["timing_s/ref"] > 0
+
+
+def _assert_same_run(meg: list[dict], ref: list[dict]) -> None:
+    """The Megatron run's metrics equal the FSDP2 run's at every step (REL / ABS), the weights reached the engines."""
     assert [ln["step"] for ln in meg] == [ln["step"] for ln in ref] == [1, 2, 3]
     assert all(ln["data"]["actor/grad_norm"] > 0 for ln in meg) and meg[-1]["data"]["actor/ppo_kl"] != 0
     for a, b in zip(meg, ref):

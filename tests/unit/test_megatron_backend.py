@@ -93,6 +93,38 @@ def test_logprobs_update_and_export_match_fsdp2(arch):
     assert moved > 1e-3  # two Adam steps of lr 1e-3 moved the weights: agreement is not "nothing changed"
 
 
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3_moe"])
+def test_reference_policy_is_the_frozen_initial_policy(arch):
+    """`actor.use_kl_loss` under Megatron: the reference policy is a second GPTModel of the policy's layout with
+    the initial weights. Its log-probs equal the policy's before the update and the HF model's (1e-5); the
+    update's KL loss starts at zero; after the update the policy has moved and the reference has not."""
+    import copy
+
+    from trainer.backends.megatron.backend import MegatronActor
+    from trainer.distributed.sharding import worker_actor_config
+    from trainer.ops.logprobs import response_logprobs
+
+    hf = _hf(arch)
+    batch = _batch()
+    mask = batch.response_mask.bool()
+    with torch.no_grad():
+        want = response_logprobs(hf, batch)[0]
+    cfg = worker_actor_config(_cfg().model_copy(update={"use_kl_loss": True, "kl_loss_coef": 0.1}), 1)
+    meg = MegatronActor.from_hf(copy.deepcopy(hf), cfg, temperature=1.0, max_response_length=R,
+                                device=torch.device("cpu"))
+    ref = meg.reference_policy(hf)
+    assert ref is not meg.gpt and not any(p.requires_grad for p in ref.parameters())
+    r0, p0 = meg.compute_logprobs(batch, model=ref), meg.compute_logprobs(batch)
+    assert torch.equal(r0, p0)
+    assert (r0 - want)[mask].abs().max() < 1e-5
+    batch.ref_logprobs = r0
+    metrics = meg.update(batch, N)
+    assert 0 < metrics["actor/kl_loss"] < 1e-3  # mini-batch 1: zero; mini-batch 2: after one Adam step of lr 1e-3
+    r1, p1 = meg.compute_logprobs(batch, model=ref), meg.compute_logprobs(batch)
+    assert torch.equal(r1, r0)
+    assert (p1 - p0)[mask].abs().max() > 1e-3
+
+
 def test_sdpa_attention_equals_megatron_attention():
     """`CausalSDPA` (torch SDPA, GQA without repeated K/V) computes what megatron's DotProductAttention
     computes on the actor's left-aligned, causally masked rows; a wrong scale would not."""

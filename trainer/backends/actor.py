@@ -184,6 +184,16 @@ class Actor:
             return fn(model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
                       with_entropy=with_entropy, **kw)
 
+    def reference_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The KL loss's frozen reference policy, for `compute_logprobs(batch, model=ref)`: `model` (a copy of the
+        initial HF model, taken before the policy's own changes) laid out as this backend lays out the policy:
+        FSDP2-sharded over the same ranks when the policy is, else on the policy's device."""
+        from trainer.backends.fsdp import is_sharded, shard_model
+
+        model.requires_grad_(False)
+        model = shard_model(model, self.device) if is_sharded(self.model) else model.to(self.device)
+        return model.eval()
+
     @torch.no_grad()
     def compute_logprobs(self, batch: Batch, micro_batch_size: int | None = None,
                          model: torch.nn.Module | None = None) -> torch.Tensor:

@@ -97,7 +97,7 @@ class TrainerWorker:
 
     def setup(self, master_addr: str, master_port: int) -> dict[str, Any]:
         """Join the data-parallel group, load and shard the model, build the engine. Returns facts."""
-        from trainer.backends.fsdp import default_backend, init_data_parallel, shard_model
+        from trainer.backends.fsdp import default_backend, init_data_parallel
         from trainer.models.loading import load_model_and_tokenizer
         from trainer.models.specs import eos_token_ids
         from trainer.rollout.registry import build_engine
@@ -125,14 +125,13 @@ class TrainerWorker:
 
                 self.engine = AgentRolloutEngine(self.engine, self.tokenizer, cfg.agent,
                                                  out_dir=cfg.trainer.out_dir if self.rank == 0 else None)
-        # the frozen reference policy for the KL loss: a copy of the initial weights, sharded like the policy
-        self.ref = copy.deepcopy(model).requires_grad_(False) if cfg.actor.use_kl_loss else None
+        # the frozen reference policy for the KL loss: a copy of the initial weights, laid out like the policy below
+        ref = copy.deepcopy(model) if cfg.actor.use_kl_loss else None
         # PPO's value model: a copy of the initial policy's body, sharded like the policy (critic_state.py)
         self.critic = build_worker_critic(model, cfg, self.world_size, self.device) if cfg.critic.enable else None
-        if self.ref is not None:
-            self.ref = shard_model(self.ref, self.device) if self.world_size > 1 else self.ref.to(self.device)
         # the policy: FSDP2 over all workers, or megatron-core's TP / EP / DP groups (worker_actor.py)
         self.actor = build_worker_actor(model, cfg, self.world_size, self.device)
+        self.ref = self.actor.reference_policy(ref) if ref is not None else None
         dp_rank, dp_size = self.actor.data_parallel()
         return {"rank": self.rank, "device": str(self.device), "load_s": time.perf_counter() - t0,
                 "pid": os.getpid(), "dp_rank": dp_rank, "dp_size": dp_size}

@@ -93,9 +93,7 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
                             filter_overlong_prompts=True, source=cfg.data.val_files or cfg.data.train_files,
                             processor=processor)
     eos = eos_token_ids(tokenizer, model)
-    ref = None
-    if cfg.actor.use_kl_loss:
-        ref = copy.deepcopy(model).to(device).requires_grad_(False).eval()
+    ref = copy.deepcopy(model) if cfg.actor.use_kl_loss else None  # the initial weights; laid out below
     critic = None
     if cfg.critic.enable:
         critic = Critic(model, cfg.critic, device=device, mini_batch_size=cfg.actor.ppo_mini_batch_size,
@@ -113,6 +111,8 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
     else:
         actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature,
                       max_response_length=cfg.data.max_response_length, device=device)
+    if ref is not None:  # the KL loss's reference policy, in the policy's layout
+        ref = actor.reference_policy(ref)
     engine = build_engine(cfg, model, tokenizer, eos, device) if with_engine else None
     if engine is not None and cfg.agent.enable:  # multi-turn tool use around the configured engine
         from trainer.agent.loop import AgentRolloutEngine

@@ -134,9 +134,10 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
         if getattr(a, field) not in ("none", False):
             raise ConfigError(f"actor.{field}={getattr(a, field)}: not supported by actor.strategy=megatron "
                               f"(fix: remove it, or use actor.strategy=fsdp2)")
-    if a.use_kl_loss:
-        raise ConfigError("actor.use_kl_loss: the KL loss's reference policy is not built for actor.strategy=megatron "
-                          "(fix: turn it off, or actor.strategy=fsdp2)")
+    if a.use_kl_loss and pp > 1:
+        raise ConfigError(f"actor.use_kl_loss: the KL loss's reference policy is not built under pipeline parallelism "
+                          f"(actor.megatron.pipeline_model_parallel_size={pp}) (fix: turn the KL loss off, or "
+                          f"pipeline_model_parallel_size=1)")
     if cfg.critic.enable:
         raise ConfigError("critic.enable: the critic is not built for actor.strategy=megatron (fix: turn it off, or "
                           "actor.strategy=fsdp2)")
@@ -536,17 +537,26 @@ class MegatronActor(Actor):
         return actor
 
     # ------------------------------------------------------------------ forward
+    def reference_policy(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The KL loss's frozen reference policy: a second GPTModel in the policy's TP / EP layout, built through
+        the same bridge, with `model`'s weights (a copy of the initial HF model; dropped after the load).
+        Pipeline parallelism is refused at start (check_megatron_supported)."""
+        ref = build_gpt_model(self.bridge).to(device=self.device, dtype=next(self.gpt.parameters()).dtype)
+        load_hf_weights(ref, self.bridge, hf_checkpoint_tensors(model))
+        return ref.requires_grad_(False).eval()
+
     def _logprobs(self, micro: Batch, *, with_entropy: bool = False, model: torch.nn.Module | None = None
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-        if model is not None and model is not self.model:
-            raise ConfigError("actor.use_kl_loss: the reference policy is not built for actor.strategy=megatron "
-                              "(fix: actor.use_kl_loss=false, or actor.strategy=fsdp2)")
-        return self._head_logprobs(micro, self._decoder_forward(micro), with_entropy=with_entropy)
+        gpt = None if model is None or model is self.model else model  # None: the policy; else the reference
+        return self._head_logprobs(micro, self._decoder_forward(micro, gpt), with_entropy=with_entropy, gpt=gpt)
 
-    def _decoder_forward(self, micro: Batch) -> torch.Tensor:
+    def _decoder_forward(self, micro: Batch, gpt: torch.nn.Module | None = None) -> torch.Tensor:
         """This pipeline stage's decoder output `[T, N, H]` on the micro-batch's left-aligned rows (sequence
         parallel: this rank's `[T / TP, N, H]`); the last stage's has the final norm applied. A stage after the
-        first takes the previous stage's output (megatron's `set_input_tensor`, megatron_pipeline.py)."""
+        first takes the previous stage's output (megatron's `set_input_tensor`, megatron_pipeline.py).
+        `gpt`: another GPTModel of the same layout (the reference policy) instead of the policy."""
+        module = self.model if gpt is None else gpt  # the policy may be wrapped in megatron's DDP
+        gpt = self.gpt if gpt is None else gpt
         ids, _ = left_align(micro)
         sp = self.bridge.config.sequence_parallel
         if sp:  # the sequence splits evenly over the TP ranks: padding after every row's tokens (causal: unread)
@@ -559,26 +569,27 @@ class MegatronActor(Actor):
         if self.router is not None:  # MoE: the padding (after each row's real tokens) left out of the router's
             # load-balancing loss; its gradient scaled to this micro-batch's token share (megatron_moe.py)
             kw["padding_mask"] = torch.arange(t, device=ids.device)[None] >= micro.attention_mask.sum(-1)[:, None]
-            if sp and not self.gpt.pre_process:  # megatron-core splits it over TP on the first pipeline stage only
+            if sp and not gpt.pre_process:  # megatron-core splits it over TP on the first pipeline stage only
                 from trainer.backends.megatron.pipeline import sequence_parallel_slice
 
                 kw["padding_mask"] = sequence_parallel_slice(kw["padding_mask"])
-            if self.cfg.moe_aux_loss_coeff > 0 and self.model.training and torch.is_grad_enabled():
+            if self.cfg.moe_aux_loss_coeff > 0 and module.training and torch.is_grad_enabled():
                 from trainer.backends.megatron.moe import set_aux_loss_scale
 
                 if self._mini_batch_tokens is None:
                     raise RuntimeError("MegatronActor: the mini-batch's token count is not known before its "
                                        "micro-batches (begin_mini_batch was not called)")
                 set_aux_loss_scale(float(micro.response_mask.sum()) / self._mini_batch_tokens, ids.device)
-        post_process, self.gpt.post_process = self.gpt.post_process, False  # decoder output, no [N, T, V] logits
+        post_process, gpt.post_process = gpt.post_process, False  # decoder output, no [N, T, V] logits
         try:
-            return self.model(ids, pos, causal, **kw)  # [T, N, H]; sequence parallel: this rank's [T / TP, N, H]
+            return module(ids, pos, causal, **kw)  # [T, N, H]; sequence parallel: this rank's [T / TP, N, H]
         finally:
-            self.gpt.post_process = post_process
+            gpt.post_process = post_process
 
-    def _head_logprobs(self, micro: Batch, hidden: torch.Tensor, *, with_entropy: bool = False
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`(logprobs [n, R], entropy [n, R])` of the responses from the last stage's decoder output."""
+    def _head_logprobs(self, micro: Batch, hidden: torch.Tensor, *, with_entropy: bool = False,
+                       gpt: torch.nn.Module | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`(logprobs [n, R], entropy [n, R])` of the responses from the last stage's decoder output (`gpt`:
+        whose output layer, the policy's by default)."""
         _, index = left_align(micro)
         if self.bridge.config.sequence_parallel:  # every TP rank computes the whole loss: its gradient's own slice flows back (no reduction)
             from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
@@ -587,7 +598,7 @@ class MegatronActor(Actor):
         hidden = hidden.transpose(0, 1)  # [N, T, H]
         r = index.shape[1]
         h = torch.gather(hidden, 1, index[..., None].expand(-1, r, hidden.shape[-1]))  # [N, R, H]
-        head = SimpleNamespace(weight=output_weight(self.gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
+        head = SimpleNamespace(weight=output_weight(gpt or self.gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
         return lm_head_logprobs(h, head, micro.responses, temperature=self.temperature,
                                 chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy,
                                 compile_backend=self.lm_head_backend)
