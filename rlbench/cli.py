@@ -245,7 +245,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
-    from rlbench.checks.golden import default_dir, golden_refs, record_golden
+    from rlbench.checks.golden import default_dir, golden_path, golden_refs, reband, record_golden
     from rlbench.run.runner import find_suite, provenance, seed_list, train_profile
 
     suite = find_suite(args.suite)
@@ -254,13 +254,23 @@ def cmd_golden(args: argparse.Namespace) -> int:
         raise ConfigError(f"{suite.path}: references: no 'golden' reference for profile {args.profile}; "
                           f"add one with kind: golden, profiles: [{args.profile}], stats: [...]")
     env, arch = _env(args.arch)
+    out_dir = Path(args.golden_dir) if args.golden_dir else default_dir(suite, refs[0])
+    if args.reband:  # the recorded per-seed values, new bands; no runs
+        path = golden_path(suite, args.profile, arch, out_dir)
+        if not path.is_file():
+            raise ConfigError(f"--reband: {path} does not exist (fix: record it first, without --reband)")
+        doc = reband(path, args.band, false_alarm=args.false_alarm)
+        for key, entry in doc["values"].items():
+            print(f"{key}: {entry['mean']:.4g} +- {entry['tol']:.3g} (was +- {entry['tol_before']:.3g})")
+        print(f"golden bands of {path} re-derived by rule {args.band}")
+        return 0
     seeds = seed_list(suite, args.profile, args.seeds or len(suite.profile(args.profile).seeds))
     runs = train_profile(suite, args.profile, args.out, seeds=seeds, sets=args.set)
     prov = provenance(suite, args.profile, seeds, env, args.set)
     prov.update({"arch": arch, "device": env.get("device_name") or "cpu", "versions": env.get("versions"),
                  "python": env.get("python"), "platform": env.get("platform")})
-    out_dir = Path(args.golden_dir) if args.golden_dir else default_dir(suite, refs[0])
-    path = record_golden(suite, args.profile, arch, [runs.frames(s) for s in seeds], prov, out_dir)
+    path = record_golden(suite, args.profile, arch, [runs.frames(s) for s in seeds], prov, out_dir, band=args.band,
+                         false_alarm=args.false_alarm)
     doc = json.loads(path.read_text())
     for key, entry in doc.get("values", {}).items():
         print(f"{key}: {entry.get('mean'):.4g} +- {entry.get('tol'):.3g}")
@@ -391,6 +401,13 @@ def build_parser() -> argparse.ArgumentParser:
     common_run(g, "cpu")
     g.add_argument("--seeds", type=int, help="number of seeds (default: the profile's seeds)")
     g.add_argument("--golden-dir", help="where golden files go (default: the reference's golden_dir)")
+    g.add_argument("--band", choices=["max_dev", "prediction"], default="max_dev", help=(
+        "band rule: max_dev (3x the largest seed deviation) or prediction (a prediction interval for one new run "
+        "at --false-alarm over the file's statistics); rlbench/checks/golden.py"))
+    g.add_argument("--false-alarm", type=float, default=0.05,
+                   help="band prediction: the chance that a clean run fails any statistic of the file")
+    g.add_argument("--reband", action="store_true",
+                   help="re-derive the recorded file's bands from its per-seed values by --band; no runs")
     g.set_defaults(func=cmd_golden)
 
     st = sub.add_parser("selftest", help="plant known bugs in a copy of the trainer; which checks catch them")

@@ -10,7 +10,20 @@ suite's `golden` reference lists (see `GoldenStat` in rlbench/suites/suite.py) o
 
 in `reports/golden/<suite_id>.<profile>.<arch>.json` with the provenance the caller passes
 (machine, versions, seeds, commit, date). The floor keeps a tolerance when all seeds agree
-(e.g. a single seed, or a deterministic statistic). A later run passes a golden check when
+(e.g. a single seed, or a deterministic statistic).
+
+That rule (`band: max_dev`, Megatron-LM's, with a factor 3) states no false-alarm rate. The other rule,
+`band: prediction`, sets the band for a stated one: the two-sided prediction interval for one new run,
+
+    tol_i = t_{1 - a/2, N-1} * s_i * sqrt(1 + 1/N),    a = false_alarm / K,
+
+with s_i the seeds' sample standard deviation, N seeds and K statistics in the file (Bonferroni: the chance
+that a clean run fails any of the K is at most `false_alarm`), assuming each statistic is normal over seeds.
+`implied_false_alarm` reads any band the other way: the per-check rate a tolerance gives under the same
+assumption. With 3 seeds t is large (t_{0.9917, 2} = 7.6 at K = 3, 5%): few seeds buy either wide bands or
+frequent false alarms, and `python -m rlbench.checks.bands` tabulates both for every recorded file
+(reports/golden/BANDS.md). `rlbench golden ... --reband` re-derives a file's bands from its recorded per-seed
+values, without new runs. A later run passes a golden check when
 each statistic lies within mean +- tol. Golden values are per arch, so keep device-bound
 statistics (step time, throughput) out of them unless the file is only ever used on one board.
 
@@ -35,6 +48,61 @@ from trainer.errors import ConfigError, DataError
 DEFAULT_SAFETY_FACTOR = 3.0
 DEFAULT_FLOOR_ABS = 1e-6
 DEFAULT_FLOOR_REL = 0.01
+DEFAULT_FALSE_ALARM = 0.05  # band: prediction; for the whole file (all its statistics together)
+BANDS = ("max_dev", "prediction")
+
+
+def band_tolerance(per_seed: list[float], band: str, *, num_stats: int, safety_factor: float = DEFAULT_SAFETY_FACTOR,
+                   false_alarm: float = DEFAULT_FALSE_ALARM, floor_abs: float = DEFAULT_FLOOR_ABS,
+                   floor_rel: float = DEFAULT_FLOOR_REL) -> float:
+    """The half-width of one statistic's band by rule `band` (module docstring), floors applied."""
+    if not 0 < false_alarm < 1:
+        raise ConfigError(f"false_alarm={false_alarm}: a probability, between 0 and 1 (fix: e.g. 0.05)")
+    x = np.asarray(per_seed, dtype=float)  # [N]
+    mean = float(x.mean())
+    if band == "max_dev":
+        width = safety_factor * float(np.abs(x - mean).max())
+    elif band == "prediction":
+        if len(x) < 2:
+            raise DataError(f"band: prediction needs at least 2 seeds to estimate a spread (got {len(x)}); record "
+                            "more seeds, or use band: max_dev")
+        from scipy import stats
+
+        a = false_alarm / num_stats
+        width = float(stats.t.ppf(1 - a / 2, len(x) - 1) * x.std(ddof=1) * np.sqrt(1 + 1 / len(x)))
+    else:
+        raise ConfigError(f"band={band!r}: not a band rule (fix: one of {', '.join(BANDS)})")
+    return max(width, floor_abs, floor_rel * abs(mean))
+
+
+def implied_false_alarm(per_seed: list[float], tol: float) -> float:
+    """The chance that one clean new run falls outside mean +- tol, if the statistic is normal over seeds with
+    the seeds' mean and sample standard deviation (Student t with N-1 degrees of freedom); NaN under 2 seeds,
+    0 when the seeds agree exactly."""
+    from scipy import stats
+
+    x = np.asarray(per_seed, dtype=float)
+    if len(x) < 2:
+        return float("nan")
+    scale = x.std(ddof=1) * np.sqrt(1 + 1 / len(x))
+    return 0.0 if scale == 0 else float(2 * stats.t.sf(tol / scale, len(x) - 1))
+
+
+def reband(path: str | Path, band: str, *, false_alarm: float = DEFAULT_FALSE_ALARM) -> dict[str, Any]:
+    """Re-derive every tolerance of a golden file from its recorded per-seed values by rule `band`; the
+    previous tolerance is kept as `tol_before`. Rewrites the file and returns it."""
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    values = doc["values"]
+    for entry in values.values():
+        entry["tol_before"] = entry["tol"]
+        entry["tol"] = band_tolerance(entry["per_seed"], band, num_stats=len(values), false_alarm=false_alarm,
+                                      safety_factor=doc.get("safety_factor", DEFAULT_SAFETY_FACTOR),
+                                      floor_abs=doc.get("floor_abs", DEFAULT_FLOOR_ABS),
+                                      floor_rel=doc.get("floor_rel", DEFAULT_FLOOR_REL))
+    doc["band"] = {"rule": band, **({"false_alarm": false_alarm} if band == "prediction" else {})}
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    return doc
 
 
 def golden_path(suite: Suite, profile: str, arch: str, directory: str | Path) -> Path:
@@ -60,8 +128,11 @@ def default_dir(suite: Suite, ref: Reference) -> Path:
 def record_golden(suite: Suite, profile: str, arch: str, runs_by_seed: list[dict[str, pd.DataFrame]],
                   provenance: dict[str, Any], out_dir: str | Path, *,
                   safety_factor: float = DEFAULT_SAFETY_FACTOR, floor_abs: float = DEFAULT_FLOOR_ABS,
-                  floor_rel: float = DEFAULT_FLOOR_REL) -> Path:
+                  floor_rel: float = DEFAULT_FLOOR_REL, band: str = "max_dev",
+                  false_alarm: float = DEFAULT_FALSE_ALARM) -> Path:
     """Compute the golden statistics over seeds and write the per-arch JSON file; returns its path."""
+    if band not in BANDS:
+        raise ConfigError(f"band={band!r}: not a band rule (fix: one of {', '.join(BANDS)})")
     refs = golden_refs(suite, profile)
     if not refs:
         raise ConfigError(f"{suite.path or suite.id}: references: no 'golden' reference for profile "
@@ -69,21 +140,21 @@ def record_golden(suite: Suite, profile: str, arch: str, runs_by_seed: list[dict
     if not runs_by_seed:
         raise DataError(f"record_golden: no runs given for {suite.id}.{profile}; run at least one seed")
     modes = suite.profile(profile).modes
+    stats = [(gs, mode) for ref in refs for gs in ref.stats for mode in gs.modes or modes]
     values: dict[str, dict[str, Any]] = {}
-    for ref in refs:
-        for gs in ref.stats:
-            for mode in gs.modes or modes:
-                per_seed = [_seed_value(runs, gs, mode, i, suite.id) for i, runs in enumerate(runs_by_seed)]
-                x = np.asarray(per_seed, dtype=float)  # [N]
-                mean = float(x.mean())
-                spread = float(np.abs(x - mean).max())
-                tol = max(safety_factor * spread, floor_abs, floor_rel * abs(mean))
-                values[stat_key(gs, mode)] = {
-                    **gs.model_dump(exclude={"modes"}), "mode": mode, "mean": mean, "tol": tol,
-                    "spread": spread, "per_seed": per_seed,
-                }
+    for gs, mode in stats:
+        per_seed = [_seed_value(runs, gs, mode, i, suite.id) for i, runs in enumerate(runs_by_seed)]
+        x = np.asarray(per_seed, dtype=float)  # [N]
+        mean = float(x.mean())
+        tol = band_tolerance(per_seed, band, num_stats=len(stats), safety_factor=safety_factor,
+                             false_alarm=false_alarm, floor_abs=floor_abs, floor_rel=floor_rel)
+        values[stat_key(gs, mode)] = {
+            **gs.model_dump(exclude={"modes"}), "mode": mode, "mean": mean, "tol": tol,
+            "spread": float(np.abs(x - mean).max()), "per_seed": per_seed,
+        }
     doc = {
         "suite": suite.id, "profile": profile, "arch": arch, "num_seeds": len(runs_by_seed),
+        "band": {"rule": band, **({"false_alarm": false_alarm} if band == "prediction" else {})},
         "safety_factor": safety_factor, "floor_abs": floor_abs, "floor_rel": floor_rel,
         "provenance": provenance, "values": values,
     }
@@ -122,7 +193,9 @@ def check_golden(suite: Suite, ref: Reference, profile: str, runs: dict[str, pd.
     except (json.JSONDecodeError, KeyError) as e:
         raise DataError(f"{path}: not a golden values file ({e}); re-record it with `rlbench golden`") from None
     prov = doc.get("provenance", {})
-    source = (f"golden {path.name} ({doc.get('num_seeds', '?')} seeds, commit "
+    band = doc.get("band", {"rule": "max_dev"})
+    rule = band["rule"] + (f" at a {band['false_alarm']:g} false-alarm rate" if "false_alarm" in band else "")
+    source = (f"golden {path.name} ({doc.get('num_seeds', '?')} seeds, band {rule}, commit "
               f"{str(prov.get('commit', '?'))[:10]}, {prov.get('date', '?')})")
     results: list[CheckResult] = []
     for gs in ref.stats:
