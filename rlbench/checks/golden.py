@@ -195,8 +195,8 @@ def check_golden(suite: Suite, ref: Reference, profile: str, runs: dict[str, pd.
     prov = doc.get("provenance", {})
     band = doc.get("band", {"rule": "max_dev"})
     rule = band["rule"] + (f" at a {band['false_alarm']:g} false-alarm rate" if "false_alarm" in band else "")
-    source = (f"golden {path.name} ({doc.get('num_seeds', '?')} seeds, band {rule}, commit "
-              f"{str(prov.get('commit', '?'))[:10]}, {prov.get('date', '?')})")
+    source = (f"golden {path.name} ({doc.get('num_seeds', '?')} seeds, commit "
+              f"{str(prov.get('commit', '?'))[:10]}, {prov.get('date', '?')}; band {rule})")
     results: list[CheckResult] = []
     for gs in ref.stats:
         for mode in gs.modes or suite.profile(profile).modes:
