@@ -1,13 +1,15 @@
 #!/bin/bash
 # One call on the lent nvidia-h200, from the repository root, wheels carried in .whl (pydantic and its two
 # helpers, trl, datasets, dill, multiprocess):
-#   COMMIT=$(git rev-parse HEAD) bash tools/sm90/moe_grpo_call.sh [BUDGET_S]
+#   COMMIT=$(git rev-parse HEAD) [MODES=bf16_params,...] [LAYERS="4 8"] bash tools/sm90/moe_grpo_call.sh [BUDGET_S]
+# (MODES: this trainer's variants, as `--grpo-modes`; run 14 used the defaults, run 15 MODES=bf16_params,
+# bf16_params+compile+compile_decode LAYERS=4)
 # The MoE GRPO step (static-engine rollout, old log-probs, actor update, in-place weight sync) of this trainer
 # and TRL's GRPOTrainer on the same model and batch (Qwen3-30B-A3B width, random weights; 8 prompts x 8
 # samples, 128-token prompts, 256 sampled tokens each), each side in a process of its own: 4 layers, then
 # 8 layers while time is left. Writes $OUT/log.txt and every result JSON packed into $OUT/results.tar.gz.
 set -u
-BUDGET=${1:-540}
+BUDGET=${1:-540} MODES=${MODES:-bf16_params} LAYERS=${LAYERS:-4 8}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -24,11 +26,11 @@ side() {  # layers, name, limit, sections, flags
   local l=$(left $lim)
   [ "$l" -lt 30 ] && { echo "=== SKIP $name L$L (no time) t=$SECONDS" | log; return; }
   echo "=== $name L$L (limit $l s) t=$SECONDS" | log
-  timeout $l python3 -m trainer.bench ${sections//,/ } --grpo-shape qwen3-30b-a3b-l$L --grpo-modes bf16_params --grpo-steps 4 \
+  timeout $l python3 -m trainer.bench ${sections//,/ } --grpo-shape qwen3-30b-a3b-l$L --grpo-modes $MODES --grpo-steps 4 \
     "$@" --out $R/${name}_l$L 2>&1 | log
   echo "=== rc ${PIPESTATUS[0]} t=$SECONDS" | log
 }
-for L in 4 8; do
+for L in $LAYERS; do
   side $L rlbench 200 ceilings,grpo --no-trl  # the copy and matmul ceilings of this process, then the step
   side $L trl 240 grpo --no-rlbench
 done
