@@ -233,7 +233,8 @@ def rehearsal_config(suite: Suite, profile: str, mode: str) -> Plan:
               "for its engine; 5% (1.2 GB) holds a tiny model's weights and KV cache")
 
     # ---- data of the same kind
-    images = "geo3k" in str(suite.trainer.get("data", {}).get("train_files", "")).lower() or tiny == "tiny:qwen3.5-moe"
+    # the profile's own data (a mini profile may swap the suite's image set for text rows)
+    images = "geo3k" in str(r.get("data.train_files", "")).lower() or tiny == "tiny:qwen3.5-moe"
     kind = "synthetic:geometry-count?num=64&num_val=8" if images else "synthetic:arithmetic-easy?num=64&num_val=8"
     r.set("data.train_files", kind, "synthetic rows of the same kind (figures with a question for an image set, "
           "arithmetic with a boxed answer for a math set); the profile's data is not on this machine")
