@@ -10,9 +10,11 @@ suite's `golden` reference lists (see `GoldenStat` in rlbench/suites/suite.py) o
 
 in `reports/golden/<suite_id>.<profile>.<arch>.json` with the provenance the caller passes
 (machine, versions, seeds, commit, date). The floor keeps a tolerance when all seeds agree
-(e.g. a single seed, or a deterministic statistic).
+(e.g. a single seed, or a deterministic statistic). A later run passes a golden check when
+each statistic lies within mean +- tol. Golden values are per arch, so keep device-bound
+statistics (step time, throughput) out of them unless the file is only ever used on one board.
 
-That rule (`band: max_dev`, Megatron-LM's, with a factor 3) states no false-alarm rate. The other rule,
+The rule above (`band: max_dev`, Megatron-LM's, with a factor 3) states no false-alarm rate. The other rule,
 `band: prediction`, sets the band for a stated one: the two-sided prediction interval for one new run,
 
     tol_i = t_{1 - a/2, N-1} * s_i * sqrt(1 + 1/N),    a = false_alarm / K,
@@ -23,9 +25,7 @@ that a clean run fails any of the K is at most `false_alarm`), assuming each sta
 assumption. With 3 seeds t is large (t_{0.9917, 2} = 7.6 at K = 3, 5%): few seeds buy either wide bands or
 frequent false alarms, and `python -m rlbench.checks.bands` tabulates both for every recorded file
 (reports/golden/BANDS.md). `rlbench golden ... --reband` re-derives a file's bands from its recorded per-seed
-values, without new runs. A later run passes a golden check when
-each statistic lies within mean +- tol. Golden values are per arch, so keep device-bound
-statistics (step time, throughput) out of them unless the file is only ever used on one board.
+values, without new runs.
 
     path = record_golden(suite, "cpu", "cpu", [runs_seed0, runs_seed1, runs_seed2],
                          {"machine": ..., "commit": ..., "date": ...}, "reports/golden")
@@ -52,6 +52,14 @@ DEFAULT_FALSE_ALARM = 0.05  # band: prediction; for the whole file (all its stat
 BANDS = ("max_dev", "prediction")
 
 
+def band_doc(band: str, false_alarm: float = DEFAULT_FALSE_ALARM) -> dict[str, Any]:
+    """The `band` entry of a golden file (its rule, and the rate a prediction band is set for); ConfigError for
+    a rule that is not one of BANDS."""
+    if band not in BANDS:
+        raise ConfigError(f"band={band!r}: not a band rule (fix: one of {', '.join(BANDS)})")
+    return {"rule": band, **({"false_alarm": false_alarm} if band == "prediction" else {})}
+
+
 def band_tolerance(per_seed: list[float], band: str, *, num_stats: int, safety_factor: float = DEFAULT_SAFETY_FACTOR,
                    false_alarm: float = DEFAULT_FALSE_ALARM, floor_abs: float = DEFAULT_FLOOR_ABS,
                    floor_rel: float = DEFAULT_FLOOR_REL) -> float:
@@ -71,7 +79,7 @@ def band_tolerance(per_seed: list[float], band: str, *, num_stats: int, safety_f
         a = false_alarm / num_stats
         width = float(stats.t.ppf(1 - a / 2, len(x) - 1) * x.std(ddof=1) * np.sqrt(1 + 1 / len(x)))
     else:
-        raise ConfigError(f"band={band!r}: not a band rule (fix: one of {', '.join(BANDS)})")
+        band_doc(band)  # raises: not a band rule
     return max(width, floor_abs, floor_rel * abs(mean))
 
 
@@ -92,6 +100,7 @@ def reband(path: str | Path, band: str, *, false_alarm: float = DEFAULT_FALSE_AL
     """Re-derive every tolerance of a golden file from its recorded per-seed values by rule `band`; the
     previous tolerance is kept as `tol_before`. Rewrites the file and returns it."""
     path = Path(path)
+    band_entry = band_doc(band, false_alarm)
     doc = json.loads(path.read_text())
     values = doc["values"]
     for entry in values.values():
@@ -100,7 +109,7 @@ def reband(path: str | Path, band: str, *, false_alarm: float = DEFAULT_FALSE_AL
                                       safety_factor=doc.get("safety_factor", DEFAULT_SAFETY_FACTOR),
                                       floor_abs=doc.get("floor_abs", DEFAULT_FLOOR_ABS),
                                       floor_rel=doc.get("floor_rel", DEFAULT_FLOOR_REL))
-    doc["band"] = {"rule": band, **({"false_alarm": false_alarm} if band == "prediction" else {})}
+    doc["band"] = band_entry
     path.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
     return doc
 
@@ -131,8 +140,7 @@ def record_golden(suite: Suite, profile: str, arch: str, runs_by_seed: list[dict
                   floor_rel: float = DEFAULT_FLOOR_REL, band: str = "max_dev",
                   false_alarm: float = DEFAULT_FALSE_ALARM) -> Path:
     """Compute the golden statistics over seeds and write the per-arch JSON file; returns its path."""
-    if band not in BANDS:
-        raise ConfigError(f"band={band!r}: not a band rule (fix: one of {', '.join(BANDS)})")
+    band_entry = band_doc(band, false_alarm)
     refs = golden_refs(suite, profile)
     if not refs:
         raise ConfigError(f"{suite.path or suite.id}: references: no 'golden' reference for profile "
@@ -154,7 +162,7 @@ def record_golden(suite: Suite, profile: str, arch: str, runs_by_seed: list[dict
         }
     doc = {
         "suite": suite.id, "profile": profile, "arch": arch, "num_seeds": len(runs_by_seed),
-        "band": {"rule": band, **({"false_alarm": false_alarm} if band == "prediction" else {})},
+        "band": band_entry,
         "safety_factor": safety_factor, "floor_abs": floor_abs, "floor_rel": floor_rel,
         "provenance": provenance, "values": values,
     }

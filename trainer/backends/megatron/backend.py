@@ -598,7 +598,7 @@ class MegatronActor(Actor):
         hidden = hidden.transpose(0, 1)  # [N, T, H]
         r = index.shape[1]
         h = torch.gather(hidden, 1, index[..., None].expand(-1, r, hidden.shape[-1]))  # [N, R, H]
-        head = SimpleNamespace(weight=output_weight(gpt or self.gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
+        head = SimpleNamespace(weight=output_weight(self.gpt if gpt is None else gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
         return lm_head_logprobs(h, head, micro.responses, temperature=self.temperature,
                                 chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy,
                                 compile_backend=self.lm_head_backend)
