@@ -71,7 +71,7 @@ class Critic:
         metrics: dict[str, list[float]] = defaultdict(list)
         for _ in range(self.ppo_epochs):
             for mini in batch.chunks(self.mini_batch_size * n):
-                counts = all_reduce_sum(global_counts(mini.response_mask), self.device)
+                counts = self.all_reduce_sum(global_counts(mini.response_mask))
                 self.optimizer.zero_grad(set_to_none=True)
                 stats: dict[str, float] = defaultdict(float)
                 for micro in mini.chunks(self.micro_batch_size):
@@ -85,9 +85,8 @@ class Critic:
                     stats["critic/vf_loss"] += loss.item()
                     stats["critic/vf_clipfrac"] += float(m["critic/vf_clipfrac"]) * w
                 # each worker's statistics are its share of the mini-batch's: their sum is the mini-batch value
-                stats = all_reduce_sum({k: stats[k] for k in sorted(stats)}, self.device)
-                gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-                gn = gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+                stats = self.all_reduce_sum({k: stats[k] for k in sorted(stats)})
+                gn = self.finish_grads_and_clip()
                 if torch.isfinite(gn):
                     self.optimizer.step()
                 for k, v in stats.items():
@@ -95,6 +94,22 @@ class Critic:
                 metrics["critic/grad_norm"].append(float(gn))
         self.model.eval()
         return {k: sum(v) / len(v) for k, v in metrics.items()}
+
+    # the reductions, as `Actor`'s: the Megatron critic (trainer/backends/megatron/critic.py) replaces these two
+    def all_reduce_sum(self, values: dict[str, float]) -> dict[str, float]:
+        """Sum of each named value over the data-parallel workers."""
+        return all_reduce_sum(values, self.device)
+
+    def finish_grads_and_clip(self) -> torch.Tensor:
+        """Gradient norm before clipping, after clipping to `critic.grad_clip` (FSDP2 reduced the grads in backward)."""
+        gn = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        return gn.full_tensor() if hasattr(gn, "full_tensor") else gn
+
+    def checkpoint_layout(self) -> str:
+        """`plain` or `fsdp_full` (trainer/distributed/critic_state.py)."""
+        from trainer.backends.fsdp import layout_of
+
+        return layout_of(self.model)
 
     def state_dict(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict()}

@@ -1,7 +1,8 @@
 """PPO's value model on N trainer workers: build it sharded like the policy, run its two per-step calls,
 save and load its full training state.
 
-    critic = build_worker_critic(model, cfg, world_size, device)     # before the policy is sharded
+    critic = build_worker_critic(model, cfg, world_size, device)     # FSDP2: before the policy is sharded;
+                                                                     # Megatron: after the actor is built
     values = critic_values(critic, piece)                            # [rows, R], this worker's rows
     metrics = critic_update(critic, piece, n)                        # critic/* (already summed over ranks)
     save_critic_state(critic, folder / CRITIC_FILE, rank)            # every rank; rank 0 writes
@@ -19,8 +20,14 @@ The per-step order on the driver (`trainer/distributed/colocated_ray.py`): value
 shard -> gathered into the whole batch -> GAE advantages/returns on the driver -> each worker's shard
 (now carrying values and returns) -> `Critic.update`, then `Actor.update`, as in the single-process loop.
 
+`actor.strategy: megatron`: a `MegatronCritic` (`trainer/backends/megatron/critic.py`) in the actor's
+parallel groups (built after the actor, which makes them): TP / EP as the policy, data parallel over the
+same N / TP ranks, the mini-batch divided by that data-parallel size; the ranks of a TP group get the same
+piece, as for the actor.
+
 Checkpoint: `critic.pt` beside `actor.pt`, the full weights and AdamW state gathered to rank 0 with the
-helpers of `trainer/distributed/actor_state.py` (same format choice, same layout check).
+helpers of `trainer/distributed/actor_state.py` (same format choice, same layout check); under Megatron,
+as the actor's, every rank's own state in one list (layout `megatron_tp<T>_pp1_ep<E>_world<N>`).
 """
 
 from __future__ import annotations
@@ -31,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from trainer.backends.critic import Critic
-from trainer.backends.fsdp import layout_of
 from trainer.components.batch import Batch
 from trainer.config import TrainerConfig
 from trainer.distributed.actor_state import gather_full_state, read_state, scatter_full_state
@@ -43,9 +50,19 @@ CRITIC_FILE = "critic.pt"
 
 
 def build_worker_critic(policy: torch.nn.Module, cfg: TrainerConfig, world_size: int, device: torch.device) -> Critic:
-    """This rank's critic from the (unsharded) initial policy; FSDP2-sharded over the trainer group when N > 1."""
+    """This rank's critic from the (unsharded) initial policy; FSDP2-sharded over the trainer group when N > 1.
+    Megatron: in the parallel groups the worker's `MegatronActor` made (call it after the actor)."""
     from trainer.backends.fsdp import shard_model
 
+    if cfg.actor.strategy == "megatron":
+        from trainer.backends.megatron.critic import MegatronCritic
+        from trainer.distributed.worker_actor import data_parallel_size
+
+        actor_cfg = worker_actor_config(cfg.actor, data_parallel_size(cfg, world_size))
+        return MegatronCritic(policy, cfg.critic, megatron=cfg.actor.megatron, device=device,
+                              mini_batch_size=actor_cfg.ppo_mini_batch_size,
+                              micro_batch_size=actor_cfg.ppo_micro_batch_size_per_gpu, ppo_epochs=actor_cfg.ppo_epochs,
+                              loss_agg_mode=actor_cfg.loss_agg_mode, seed=cfg.trainer.seed)
     actor_cfg = worker_actor_config(cfg.actor, world_size)
     return Critic(policy, cfg.critic, device=device, mini_batch_size=actor_cfg.ppo_mini_batch_size,
                   micro_batch_size=actor_cfg.ppo_micro_batch_size_per_gpu, ppo_epochs=actor_cfg.ppo_epochs,
@@ -73,19 +90,30 @@ def critic_update(critic: Critic, piece: Batch, n: int) -> dict[str, Any]:
 
 def save_critic_state(critic: Critic, path: Path, rank: int) -> None:
     """Gather the critic's full weights and AdamW state to rank 0 and write `path` (a collective when sharded)."""
-    layout = layout_of(critic.model)
-    state = critic.state_dict() if layout == "plain" else gather_full_state(critic.model, critic.optimizer)
+    layout = critic.checkpoint_layout()
+    if layout.startswith("megatron"):  # one state per rank, as the actor's (actor_state.py)
+        ranks: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(critic.state_dict(), ranks, dst=0)
+        state: dict[str, Any] = {"ranks": ranks}
+    elif layout == "plain":
+        state = critic.state_dict()
+    else:
+        state = gather_full_state(critic.model, critic.optimizer)
     if rank == 0:
         torch.save({"layout": layout, **state}, path)
 
 
 def load_critic_state(critic: Critic, path: Path, rank: int) -> None:
     """Restore what `save_critic_state` wrote (a collective when sharded: rank 0 reads and broadcasts)."""
-    layout = layout_of(critic.model)
+    layout = critic.checkpoint_layout()
     state: dict[str, Any] = {}
     if rank == 0 or layout == "plain":
         state = read_state(path, layout, "critic")
-    if layout == "plain":
+    if layout.startswith("megatron"):
+        mine: list[Any] = [None]
+        dist.scatter_object_list(mine, state.get("ranks"), src=0)
+        critic.load_state_dict(mine[0])
+    elif layout == "plain":
         critic.load_state_dict(state)
     else:
         scatter_full_state(critic.model, critic.optimizer, state)

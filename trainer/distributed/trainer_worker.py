@@ -127,10 +127,16 @@ class TrainerWorker:
                                                  out_dir=cfg.trainer.out_dir if self.rank == 0 else None)
         # the frozen reference policy for the KL loss: a copy of the initial weights, laid out like the policy below
         ref = copy.deepcopy(model) if cfg.actor.use_kl_loss else None
-        # PPO's value model: a copy of the initial policy's body, sharded like the policy (critic_state.py)
-        self.critic = build_worker_critic(model, cfg, self.world_size, self.device) if cfg.critic.enable else None
+        # PPO's value model: a copy of the initial policy's body, sharded like the policy (critic_state.py);
+        # FSDP2: before the policy is sharded, Megatron: after the actor, in the parallel groups it makes
+        megatron = cfg.actor.strategy == "megatron"
+        self.critic = None
+        if cfg.critic.enable and not megatron:
+            self.critic = build_worker_critic(model, cfg, self.world_size, self.device)
         # the policy: FSDP2 over all workers, or megatron-core's TP / EP / DP groups (worker_actor.py)
         self.actor = build_worker_actor(model, cfg, self.world_size, self.device)
+        if cfg.critic.enable and megatron:
+            self.critic = build_worker_critic(model, cfg, self.world_size, self.device)
         self.ref = self.actor.reference_policy(ref) if ref is not None else None
         dp_rank, dp_size = self.actor.data_parallel()
         return {"rank": self.rank, "device": str(self.device), "load_s": time.perf_counter() - t0,

@@ -95,10 +95,11 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
     eos = eos_token_ids(tokenizer, model)
     ref = copy.deepcopy(model) if cfg.actor.use_kl_loss else None  # the initial weights; laid out below
     critic = None
-    if cfg.critic.enable:
-        critic = Critic(model, cfg.critic, device=device, mini_batch_size=cfg.actor.ppo_mini_batch_size,
-                        micro_batch_size=cfg.actor.ppo_micro_batch_size_per_gpu, ppo_epochs=cfg.actor.ppo_epochs,
-                        loss_agg_mode=cfg.actor.loss_agg_mode)
+    critic_kw = {"device": device, "mini_batch_size": cfg.actor.ppo_mini_batch_size,
+                 "micro_batch_size": cfg.actor.ppo_micro_batch_size_per_gpu, "ppo_epochs": cfg.actor.ppo_epochs,
+                 "loss_agg_mode": cfg.actor.loss_agg_mode}
+    if cfg.critic.enable and cfg.actor.strategy != "megatron":  # a copy of the body before the policy changes
+        critic = Critic(model, cfg.critic, **critic_kw)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.to(device)
@@ -113,6 +114,10 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
                       max_response_length=cfg.data.max_response_length, device=device)
     if ref is not None:  # the KL loss's reference policy, in the policy's layout
         ref = actor.reference_policy(ref)
+    if cfg.critic.enable and cfg.actor.strategy == "megatron":  # in the actor's parallel groups, the initial weights
+        from trainer.backends.megatron.critic import MegatronCritic
+
+        critic = MegatronCritic(model, cfg.critic, megatron=cfg.actor.megatron, seed=cfg.trainer.seed, **critic_kw)
     engine = build_engine(cfg, model, tokenizer, eos, device) if with_engine else None
     if engine is not None and cfg.agent.enable:  # multi-turn tool use around the configured engine
         from trainer.agent.loop import AgentRolloutEngine

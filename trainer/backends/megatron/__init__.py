@@ -7,6 +7,8 @@
 - `moe.py`       MoE layer specs and the router/aux-loss settings
 - `norm.py`      the norm layers and their HF names
 - `pipeline.py`  pipeline-parallel schedule and the stage split
+- `critic.py`    `MegatronCritic`: PPO's value model (GPTModel body + replicated `Linear(H, 1)` head)
 
-May import: what `trainer.backends` may import, and `trainer.backends.actor`. Nothing above the backends.
+May import: what `trainer.backends` may import, `trainer.backends.actor` and `trainer.backends.critic`. Nothing
+above the backends.
 """

@@ -47,9 +47,11 @@ TP group hold the same experts and train them on their own slices of the sequenc
 data parallel over the remaining ranks (N / (TP x PP)). The ranks are the Ray trainer workers (colocated with
 `trainer.use_ray`, or fully-async `async.train_gpus`; `trainer/distributed/worker_actor.py`); the
 single-process loop has one. Checkpoints of several ranks hold each rank's own state
-(`trainer/distributed/actor_state.py`). On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's
-unconditional `torch.cuda` calls; gradients are all-reduced with torch over the data-parallel
-groups and the optimizer is torch's AdamW. On CUDA (`actor.megatron.optimizer: auto` or `megatron`)
+(`trainer/distributed/actor_state.py`). PPO's critic (`critic.enable`) is `MegatronCritic`
+(`trainer/backends/megatron/critic.py`): a second GPTModel body in the policy's layout with a replicated
+`Linear(H, 1)` head, the FSDP2 critic's update loop and loss; not under pipeline parallelism.
+On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's unconditional `torch.cuda` calls; gradients are
+all-reduced with torch over the data-parallel groups and the optimizer is torch's AdamW. On CUDA (`actor.megatron.optimizer: auto` or `megatron`)
 `from_hf` wraps the model in megatron's DDP and gives it megatron's distributed optimizer
 (`trainer/backends/megatron/gpu.py`: fp32 grad buffers, fp32 masters for bf16 params, Adam state
 sharded over the data-parallel ranks, fused Adam), in every loop that builds the actor; its state
@@ -138,9 +140,10 @@ def check_megatron_supported(cfg: TrainerConfig, num_experts: int = 0) -> None:
         raise ConfigError(f"actor.use_kl_loss: the KL loss's reference policy is not built under pipeline parallelism "
                           f"(actor.megatron.pipeline_model_parallel_size={pp}) (fix: turn the KL loss off, or "
                           f"pipeline_model_parallel_size=1)")
-    if cfg.critic.enable:
-        raise ConfigError("critic.enable: the critic is not built for actor.strategy=megatron (fix: turn it off, or "
-                          "actor.strategy=fsdp2)")
+    if cfg.critic.enable and pp > 1:  # the value model: trainer/backends/megatron/critic.py
+        raise ConfigError(f"critic.enable: the value model is not built under pipeline parallelism "
+                          f"(actor.megatron.pipeline_model_parallel_size={pp}) (fix: pipeline_model_parallel_size=1, "
+                          f"or actor.strategy=fsdp2)")
     if cfg.model.gradient_checkpointing:
         raise ConfigError("model.gradient_checkpointing: not wired for actor.strategy=megatron (fix: set it false)")
 
