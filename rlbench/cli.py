@@ -15,9 +15,10 @@
 reads verl (JSONL or console), Miles or rlbench logs (rlbench/ingest/load.py), `golden` records
 per-arch references over seeds (rlbench/checks/golden.py). Each prints one line per check.
 
-`check` guesses the profile from the log's shape when `--profile` is not given (steps, sequences
-per step, response cap: rlbench/suites/profile_guess.py) and says what it guessed; with `--profile` it
-warns when the log plainly does not have that profile's shape. `--arch` must be a known arch;
+`check` also reads a TensorBoard folder and an MLflow run, `mlflow:TRACKING_URI#RUN_ID[/MODE]`
+(rlbench/ingest/mlflow_run.py). It guesses the profile from the log's shape when `--profile` is not
+given (steps, sequences per step, response cap: rlbench/suites/profile_guess.py) and says what it
+guessed; with `--profile` it warns when the log plainly does not have that profile's shape. `--arch` must be a known arch;
 for the cpu profile on a CPU-only machine it defaults to cpu (and says so).
 
 Exit status: 0 at least one check was evaluated and every evaluated check passed (the rest
@@ -192,6 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from rlbench.checks.coverage import Coverage
+    from rlbench.ingest.mlflow_run import is_mlflow_locator
     from rlbench.run.runner import evaluate_runs, find_suite
 
     suite = find_suite(args.suite)
@@ -216,8 +218,11 @@ def cmd_check(args: argparse.Namespace) -> int:
     paths = _mode_logs(suite, profile, args.logs, args.mode, args.run)
     runs = {}
     steps = suite.profile(profile).steps
-    for mode, path in paths.items():
-        log = logs[str(path)] if str(path) in logs else logs[next(p for p in logs if Path(p) == path)]
+    names: dict[str, str] = {}  # mode -> the log as shown: its path, or an mlflow:URI#RUN_ID as given
+    for mode, given in paths.items():
+        key = str(given) if str(given) in logs else next(p for p in logs if Path(p) == given)
+        path = names[mode] = key if is_mlflow_locator(key) else str(given)
+        log = logs[key]
         for w in log.warnings:
             print(f"warning: {path}: {w}", file=sys.stderr)
         for n in log.notes:
@@ -231,7 +236,7 @@ def cmd_check(args: argparse.Namespace) -> int:
                   file=sys.stderr)
         runs[mode] = log.frame
     out = Path(args.out) if args.out else Path("runs") / "check" / suite.id / profile
-    env = {"arch": args.arch, "device_name": args.device or "", "logs": {m: str(p) for m, p in paths.items()}}
+    env = {"arch": args.arch, "device_name": args.device or "", "logs": names}
     coverage = {m: (Coverage.of(f, steps).note() if Coverage.of(f, steps) else "") for m, f in runs.items()}
     prov = {"suite_file": str(suite.path), "profile": profile, "logs": env["logs"],
             "log_coverage": {m: c or "the whole run" for m, c in coverage.items()},
@@ -352,8 +357,9 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 # ---------------------------------------------------------------------------- parser
 def store_options(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--store", metavar="PATH", help="append the run to this results store (SQLite file; default: "
-                    "$RLBENCH_STORE, else none); history references read its trusted runs")
+    sp.add_argument("--store", metavar="PATH|URI", help="append the run to this results store (a SQLite file, or "
+                    "an MLflow server: mlflow:URI or http(s)://..., #experiment=NAME; default: $RLBENCH_STORE, "
+                    "else none); history references read its trusted runs")
     sp.add_argument("--trusted", action="store_true", help="mark the run trusted: a baseline for history "
                     "references (e.g. nightly on main; also RLBENCH_TRUSTED=1)")
 
@@ -380,7 +386,8 @@ def build_parser() -> argparse.ArgumentParser:
     r.set_defaults(func=cmd_run)
 
     c = sub.add_parser("check", help="check logs of a run made elsewhere (verl, Miles, rlbench)")
-    c.add_argument("logs", nargs="*", metavar="LOG", help="metrics log(s); see --mode / --run")
+    c.add_argument("logs", nargs="*", metavar="LOG", help="metrics log(s), or an MLflow run "
+                   "mlflow:TRACKING_URI#RUN_ID[/MODE]; see --mode / --run")
     c.add_argument("--suite", required=True, help="suite file or id")
     c.add_argument("--profile", choices=PROFILE_NAMES,
                    help="profile the logs ran (default: guessed from the log's shape, else full)")

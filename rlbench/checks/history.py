@@ -1,5 +1,6 @@
 """Gates from trusted history: a reference with `history` compares this run's statistic with the same
-check's values in the last N trusted runs of the results store (rlbench/store/sqlite.py).
+check's values in the last N trusted runs of the results store (rlbench/store/sqlite.py, or an MLflow
+experiment: rlbench/store/mlflow_store.py, its FINISHED runs tagged rlbench.trusted=1).
 
     references:
       - metric: perf/throughput
@@ -45,6 +46,7 @@ import pandas as pd
 from rlbench.checks.coverage import Coverage, needs_note
 from rlbench.checks.metric import _f, check_metric, compute_stat, missing_metric, stat_label
 from rlbench.checks.results import CheckResult
+from rlbench.store.target import StoreLocation, open_store
 from rlbench.suites.suite import History, Reference
 
 
@@ -52,7 +54,7 @@ from rlbench.suites.suite import History, Reference
 class HistorySource:
     """Where history comes from, and what this run is matched on."""
 
-    store: Path | None  # None: no results store set
+    store: StoreLocation | None  # a SQLite file or an MLflow experiment; None: no results store set
     suite: str
     profile: str
     arch: str
@@ -100,11 +102,9 @@ def _where(h: History, src: HistorySource) -> str:
 
 def history_values(h: History, src: HistorySource, check_id: str) -> list[float]:
     """The check's values in the trusted runs that match this run, newest first."""
-    from rlbench.store.sqlite import ResultsStore
-
-    if src.store is None or not src.store.is_file():
+    if src.store is None or (isinstance(src.store, Path) and not src.store.is_file()):
         return []
-    with ResultsStore(src.store) as store:
+    with open_store(src.store) as store:
         rows = store.trusted_values(src.suite, src.profile, check_id, match=_match(h, src), last=h.last)
     return [v for _, v in rows]
 

@@ -17,6 +17,9 @@ Formats (`fmt=`):
   `train/step`, `eval/step` or `step`).
 - `miles-console`: Miles' logger lines `perf 3: {...}`, `eval 3: {...}`, `step 3: {...}` (Python
   dict reprs; `[actor-]step N` for the trainer), the dict possibly wrapped over several lines.
+- `tensorboard`: a folder of event files (rlbench/ingest/tensorboard.py).
+- `mlflow`: `mlflow:TRACKING_URI#RUN_ID[/MODE]`, a run on an MLflow server, every metric's full
+  history (rlbench/ingest/mlflow_run.py).
 
 All names are mapped onto verl's vocabulary (`rlbench.ingest.vocab`). Values that are not numbers
 (strings, lists) are dropped; booleans become 0/1. A truncated last JSON line (a run killed
@@ -57,7 +60,8 @@ from rlbench.ingest.vocab import STEP_KEYS, accuracy_twin, canonical_name_and_sc
 from trainer.errors import ConfigError, DataError
 
 FORMATS: tuple[str, ...] = ("verl-jsonl", "verl-console", "miles-jsonl", "miles-console", "rlbench",
-                            "tensorboard")  # tensorboard: a folder of event files (rlbench/ingest/tensorboard.py)
+                            "tensorboard",  # a folder of event files (rlbench/ingest/tensorboard.py)
+                            "mlflow")  # mlflow:URI#RUN_ID, a run on a tracking server (rlbench/ingest/mlflow_run.py)
 _SOURCE_OF_FORMAT = {
     "verl-jsonl": "verl",
     "verl-console": "verl",
@@ -367,6 +371,15 @@ def load_metrics(path: str | Path, fmt: str = "auto", *, reward_is_accuracy: boo
     (`val-core/<ds>/reward/mean@N`) is also its accuracy (`val-core/<ds>/acc/mean@N`); checked
     against the logged values (a reward outside [0, 1] is an error).
     """
+    from rlbench.ingest.mlflow_run import is_mlflow_locator, read_mlflow_run
+
+    if is_mlflow_locator(path) or fmt == "mlflow":
+        if not is_mlflow_locator(path):
+            raise DataError(f"{path}: --format mlflow reads mlflow:TRACKING_URI#RUN_ID, not a file")
+        if fmt not in ("auto", "mlflow"):
+            raise ConfigError(f"{path}: an MLflow run; --format {fmt} reads files: drop --format")
+        frame, warnings = read_mlflow_run(str(path))
+        return MetricLog(frame=frame, source_format="mlflow", warnings=warnings, path=Path(str(path)))
     path = Path(path)
     if fmt != "auto" and fmt not in FORMATS:
         raise ConfigError(f"unknown log format {fmt!r} for {path}; use auto or one of {', '.join(FORMATS)}")

@@ -35,7 +35,8 @@ suite, profile or metric. Only the references that list a profile become its ite
   reference skipped as a whole (golden values not recorded for this arch) is counted once per
   item there, as pytest counts it.
 - `--rlbench-store PATH` (or `RLBENCH_STORE`): each profile's run, its checks and metrics are appended
-  to that results store when the profile is evaluated (rlbench/run/record.py); `--rlbench-trusted`
+  to that results store when the profile is evaluated (rlbench/run/record.py; `mlflow:URI` or
+  `http(s)://...`: an MLflow server, rlbench/store/target.py); `--rlbench-trusted`
   (or `RLBENCH_TRUSTED=1`) marks them trusted, the history that references with `history` gate
   against (rlbench/checks/history.py). Without a store nothing is written.
 - At the end, the skipped items are summarised by reason, one line each (also with `-q`, where
@@ -92,8 +93,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--rlbench-device", default=None, help="with --rlbench-logs: the board the logs came from")
     g.addoption("--rlbench-set", action="append", default=[], metavar="KEY=VALUE",
                 help="trainer override for every run, e.g. trainer.total_steps=2 (repeatable)")
-    g.addoption("--rlbench-store", default=None, metavar="PATH",
-                help="append each profile's run to this results store (default: $RLBENCH_STORE, else none)")
+    g.addoption("--rlbench-store", default=None, metavar="PATH|URI",
+                help="append each profile's run to this results store: a SQLite file, or an MLflow server "
+                     "(mlflow:URI or http(s)://..., #experiment=NAME) (default: $RLBENCH_STORE, else none)")
     g.addoption("--rehearse", action="store_true",
                 help="rehearse the full and mini profiles on this CPU at tiny scale instead (rlbench/rehearse/): "
                      "one item per profile and mode, a verdict on mechanics only")

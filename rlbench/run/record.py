@@ -20,8 +20,8 @@ import pandas as pd
 
 from rlbench.checks.results import CheckResult
 from rlbench.run.runner import Outcome
-from rlbench.store.sqlite import CheckRow, ResultsStore, RunRecord
-from rlbench.store.target import StoreTarget
+from rlbench.store.sqlite import CheckRow, RunRecord
+from rlbench.store.target import MlflowLocation, StoreTarget, open_store
 
 
 def check_row(r: CheckResult) -> CheckRow:
@@ -60,17 +60,19 @@ def run_record(outcome: Outcome, seed: int, env: dict[str, Any], prov: dict[str,
 
 
 def record_outcome(target: StoreTarget | None, outcome: Outcome,
-                   extra: dict[int, list[CheckResult]] | None = None) -> list[int]:
-    """Append each seed of `outcome` (its sections) to `target`'s store; the new run ids ([] without a store)."""
+                   extra: dict[int, list[CheckResult]] | None = None) -> list[int | str]:
+    """Append each seed of `outcome` (its sections) to `target`'s store; the new run ids ([] without a store).
+    An MLflow store also keeps the report (rlbench/store/mlflow_store.py)."""
     if target is None:
         return []
     seeds = list(dict.fromkeys(outcome.seed_of)) or [0]
-    ids = []
-    with ResultsStore(target.path) as store:
+    ids: list[int | str] = []
+    keep = {"report": outcome.report} if isinstance(target.path, MlflowLocation) else {}
+    with open_store(target.path) as store:
         for seed, section in zip(seeds, outcome.sections):
             results = [r for r, s in zip(outcome.results, outcome.seed_of) if s == seed]
             results += (extra or {}).get(seed, [])
             prov = dict(section.provenance or {})
             rec = run_record(outcome, seed, section.env, prov, results, target, list(section.runs))
-            ids.append(store.append(rec, (check_row(r) for r in results), metric_rows(section.runs)))
+            ids.append(store.append(rec, (check_row(r) for r in results), metric_rows(section.runs), **keep))
     return ids

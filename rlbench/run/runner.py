@@ -51,7 +51,7 @@ from rlbench.run import isolated as run_isolated
 from rlbench.run.isolated import MEMORY_FILE, require_free_memory
 from rlbench.run.memory import machine_memory_gb
 from rlbench.run.progress import MetricsTail
-from rlbench.store.target import store_device
+from rlbench.store.target import StoreLocation, store_device
 from rlbench.suites.suite import Suite, load_suite, profile_unmet_requirements
 from trainer.config import apply_overrides
 from trainer.errors import ConfigError
@@ -295,7 +295,7 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
                   arch: str, device_name: str, folder: Path, env: dict[str, Any],
                   provenance: dict[str, Any], report: Path | None = None,
                   golden_dir: str | Path | None = None, ran_modes: list[str] | None = None,
-                  status: Status = stderr_status, store: Path | None = None) -> Outcome:
+                  status: Status = stderr_status, store: StoreLocation | None = None) -> Outcome:
     """Evaluate the suite's checks on each seed's runs; write checks.json, env.json and report.html.
 
     `ran_modes`: when only some of the profile's modes were run on purpose (`--mode`), checks
@@ -450,7 +450,7 @@ def provenance(suite: Suite, profile: str, seeds: list[int], env: dict[str, Any]
 def run_profile(suite: Suite, profile: str, *, out: str | Path, arch: str, seeds: int | None = None,
                 modes: list[str] | None = None, sets: list[str] | None = None,
                 env: dict[str, Any] | None = None, status: Status = stderr_status,
-                store: Path | None = None) -> Outcome:
+                store: StoreLocation | None = None) -> Outcome:
     """Train the profile (see module docstring), evaluate its checks (history references against
     `store`), write the run folder."""
     if env is None:

@@ -1,0 +1,152 @@
+"""Read one MLflow run as a metrics log: every metric's full history, with MLflow's own client.
+
+    rlbench check mlflow:http://mlflow.internal:5000#RUN_ID --suite SUITE --profile cpu --arch cpu
+    rlbench check --suite SUITE --run colocated=mlflow:http://host:5000#RUN_ID/colocated \\
+        --run fully_async=mlflow:http://host:5000#RUN_ID/fully_async
+    from rlbench.ingest.mlflow_run import read_mlflow_run
+    frame, warnings = read_mlflow_run("mlflow:http://127.0.0.1:5000#0a1b2c...")
+
+A log argument that starts with `mlflow:` is `mlflow:TRACKING_URI#RUN_ID[/MODE]` (rlbench/ingest/load.py
+sends it here): `MlflowClient(TRACKING_URI).get_run(RUN_ID)`, then `get_metric_history` of each of the
+run's metric keys (every step, not MLflow's latest value). A step logged twice for one key keeps the
+last value (by timestamp), with a warning.
+
+Names: MLflow allows only alphanumerics, `_ - . : /` and spaces in a metric name, so writers spell
+`@` as `_at_` (verl's MLflow logger does; so does rlbench/store/mlflow_store.py) and rlbench writes any
+other character as `_xHH_` (its code point in hex); both are read back (`from_mlflow_name`), so
+`val-core/x/acc/mean_at_1` reads as `val-core/x/acc/mean@1`.
+
+Runs the rlbench store wrote (tag `rlbench.mode`) hold each mode's steps under `<mode>/<metric>` and
+the checks under `check.*`: with one mode the locator needs no `/MODE`; with several it must name one.
+Runs logged by other tools (verl's `trainer.logger: mlflow`, ...) are read whole.
+
+Refused with one line naming the URI and run: an unreachable server, an unknown run id, a run with no
+metric, a malformed locator, or mlflow not installed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pandas as pd
+
+from trainer.errors import DataError
+
+PREFIX = "mlflow:"
+MODE_TAG = "rlbench.mode"  # the "+"-joined modes of a run the rlbench store wrote
+_ALLOWED = re.compile(r"[\w\-. :/]")
+_ESCAPED = re.compile(r"_x([0-9a-f]{2,6})_")
+
+
+def is_mlflow_locator(value: object) -> bool:
+    return isinstance(value, str) and value.startswith(PREFIX)
+
+
+def mlflow_name(name: str) -> str:
+    """`name` as a valid MLflow metric/tag key: `@` -> `_at_`, other characters MLflow refuses -> `_xHH_`."""
+    name = name.replace("@", "_at_")
+    return "".join(c if _ALLOWED.fullmatch(c) else f"_x{ord(c):02x}_" for c in name)
+
+
+def from_mlflow_name(key: str) -> str:
+    """The metric name an MLflow key spells (inverse of `mlflow_name`)."""
+    return _ESCAPED.sub(lambda m: chr(int(m.group(1), 16)), key).replace("_at_", "@")
+
+
+def parse_locator(value: str) -> tuple[str, str, str | None]:
+    """(tracking URI, run id, mode or None) of `mlflow:URI#RUN_ID[/MODE]`."""
+    uri, sep, frag = value[len(PREFIX):].rpartition("#")
+    run_id, _, mode = frag.partition("/")
+    if not sep or not uri or not run_id:
+        raise DataError(f"{value}: an MLflow run is mlflow:TRACKING_URI#RUN_ID[/MODE] "
+                        "(e.g. mlflow:http://127.0.0.1:5000#0a1b2c3d...); the run id is on the run's MLflow page")
+    return uri, run_id, mode or None
+
+
+@contextmanager
+def fail_fast() -> Iterator[None]:
+    """MLflow's HTTP client retries an unreachable server for minutes: once, within 10 s, unless the user set it."""
+    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
+    unset = [k for k in keys if k not in os.environ]
+    os.environ.update({k: keys[k] for k in unset})
+    try:
+        yield
+    finally:
+        for k in unset:
+            os.environ.pop(k, None)
+
+
+def client(uri: str, where: str) -> Any:
+    try:
+        from mlflow.tracking import MlflowClient
+    except ImportError:
+        raise DataError(f"{where}: an MLflow run, and mlflow is not installed: pip install 'rlbench[mlflow]' "
+                        "(or pip install mlflow)") from None
+    return MlflowClient(tracking_uri=uri)
+
+
+def unreachable(e: Exception) -> bool:
+    text = str(e)
+    return any(s in text for s in ("Max retries exceeded", "Connection refused", "ConnectionError",
+                                   "Failed to establish", "timed out", "Name or service not known"))
+
+
+def read_mlflow_run(value: str) -> tuple[pd.DataFrame, list[str]]:
+    """(frame [steps, metrics] of float, warnings) of the run `value` names; DataError when it cannot be read."""
+    uri, run_id, mode = parse_locator(value)
+    mc = client(uri, value)
+    from mlflow.exceptions import MlflowException
+
+    try:
+        with fail_fast():
+            run = mc.get_run(run_id)
+    except MlflowException as e:
+        if unreachable(e):
+            raise DataError(f"{value}: cannot reach the MLflow tracking server at {uri}; start it or fix the URI "
+                            "(mlflow server --host ... --port ...)") from None
+        if getattr(e, "error_code", "") in ("RESOURCE_DOES_NOT_EXIST", "INVALID_PARAMETER_VALUE"):
+            raise DataError(f"{value}: no run {run_id} on {uri}; copy the run id from the run's MLflow page "
+                            "(or MlflowClient.search_runs)") from None
+        raise DataError(f"{value}: MLflow refused to read run {run_id}: {str(e).splitlines()[0]}") from None
+    keys = _keys(list(run.data.metrics), run.data.tags.get(MODE_TAG), mode, value)
+    if not keys:
+        raise DataError(f"{value}: run {run_id} on {uri} has no metric"
+                        + (f" of mode {mode}" if mode else "") + "; log the run's metrics with step=, or pick "
+                        "the run that has them")
+    cols: dict[str, dict[int, float]] = {}
+    warnings: list[str] = []
+    for key, name in keys.items():
+        col: dict[int, float] = {}
+        history = sorted(mc.get_metric_history(run_id, key), key=lambda m: (m.step, m.timestamp))
+        for m in history:
+            if int(m.step) in col:
+                warnings.append(f"{name}: step {m.step} logged more than once; the last value is kept")
+            col[int(m.step)] = float(m.value)
+        cols[name] = col
+    frame = pd.DataFrame(cols).sort_index().astype(float)
+    frame.index = frame.index.astype(int)
+    frame.index.name = "step"
+    return frame, list(dict.fromkeys(warnings))
+
+
+def _keys(keys: list[str], modes_tag: str | None, mode: str | None, where: str) -> dict[str, str]:
+    """MLflow key -> metric name of the keys to read: a mode's `<mode>/` keys of a run the rlbench
+    store wrote, or every key of another run."""
+    if modes_tag is None:
+        if mode is not None:
+            raise DataError(f"{where}: /{mode} names a mode, and this run was not written by the rlbench store "
+                            "(no rlbench.mode tag): drop /MODE")
+        return {k: from_mlflow_name(k) for k in sorted(keys)}
+    modes = modes_tag.split("+")
+    if mode is None and len(modes) == 1:
+        mode = modes[0]
+    if mode not in modes:
+        fix = f"name one: {where if mode is None else where.rpartition('/')[0]}/{modes[0]}"
+        what = "the run holds modes" if mode is None else f"mode {mode} is not in this run; it holds"
+        raise DataError(f"{where}: {what} {', '.join(modes)}; {fix}")
+    head = f"{mode}/"
+    return {k: from_mlflow_name(k[len(head):]) for k in sorted(keys) if k.startswith(head)}
