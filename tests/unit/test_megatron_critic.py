@@ -52,7 +52,7 @@ def _megatron(hf, tp: int = 1, sp: bool = False, dp: int = 1):
     return MegatronCritic(hf, CFG, megatron=MegatronConfig(tensor_model_parallel_size=tp, sequence_parallel=sp), **kw)
 
 
-@pytest.mark.parametrize("arch", ["qwen3", pytest.param("llama", marks=pytest.mark.slow)])  # llama: untied LM head
+@pytest.mark.parametrize("arch", ["qwen3", *(pytest.param(a, marks=pytest.mark.slow) for a in ("llama", "qwen3_moe"))])
 def test_values_and_update_match_the_fsdp2_critic(arch):
     from trainer.backends.critic import Critic
 

@@ -32,7 +32,7 @@ to its step and continues; on CPU the resumed run logs the same numbers as an un
 The engine is `rollout.engine: hf`, `static` (static KV cache + CUDA-graph decode; set
 `rollout.engine_kwargs.free_on_sleep: false` to keep its buffers and graphs across the update when
 the device has room), `vllm` (each worker's engine in processes of its own) or `sglang`. `perf/throughput` divides by the N devices. PPO's critic (`critic.enable`) is
-sharded and updated like the policy, so its update does not depend on N either; the fully-async path
+sharded and updated like the policy (Megatron: a `MegatronCritic` in the actor's TP / DP groups), so its update does not depend on N either; the fully-async path
 still refuses it (a ConfigError naming the field).
 """
 

@@ -51,7 +51,8 @@ single-process loop has one. Checkpoints of several ranks hold each rank's own s
 (`trainer/backends/megatron/critic.py`): a second GPTModel body in the policy's layout with a replicated
 `Linear(H, 1)` head, the FSDP2 critic's update loop and loss; not under pipeline parallelism.
 On CPU (gloo) a shim (`cpu_shim`) serves megatron-core's unconditional `torch.cuda` calls; gradients are
-all-reduced with torch over the data-parallel groups and the optimizer is torch's AdamW. On CUDA (`actor.megatron.optimizer: auto` or `megatron`)
+all-reduced with torch over the data-parallel groups and the optimizer is torch's AdamW. On CUDA
+(`actor.megatron.optimizer: auto` or `megatron`)
 `from_hf` wraps the model in megatron's DDP and gives it megatron's distributed optimizer
 (`trainer/backends/megatron/gpu.py`: fp32 grad buffers, fp32 masters for bf16 params, Adam state
 sharded over the data-parallel ranks, fused Adam), in every loop that builds the actor; its state
