@@ -46,7 +46,8 @@ import pandas as pd
 from rlbench.checks.coverage import Coverage, needs_note
 from rlbench.checks.metric import _f, check_metric, compute_stat, missing_metric, stat_label
 from rlbench.checks.results import CheckResult
-from rlbench.store.target import StoreLocation, open_store
+from rlbench.store.connect import open_store
+from rlbench.store.target import StoreLocation
 from rlbench.suites.suite import History, Reference
 
 

@@ -13,7 +13,7 @@ last value (by timestamp), with a warning.
 
 Names: MLflow allows only alphanumerics, `_ - . : /` and spaces in a metric name, so writers spell
 `@` as `_at_` (verl's MLflow logger does; so does rlbench/store/mlflow_store.py) and rlbench writes any
-other character as `_xHH_` (its code point in hex); both are read back (`from_mlflow_name`), so
+other character as `_xHH_` (its code point in hex); both are read back (`from_mlflow_name`, rlbench/store/mlflow_client.py), so
 `val-core/x/acc/mean_at_1` reads as `val-core/x/acc/mean@1`.
 
 Runs the rlbench store wrote (tag `rlbench.mode`) hold each mode's steps under `<mode>/<metric>` and
@@ -26,35 +26,14 @@ metric, a malformed locator, or mlflow not installed.
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterator
-from contextlib import contextmanager
-from typing import Any
-
 import pandas as pd
 
+from rlbench.store.mlflow_client import MODE_TAG, client, fail_fast, from_mlflow_name, unreachable
 from trainer.errors import DataError
 
 PREFIX = "mlflow:"
-MODE_TAG = "rlbench.mode"  # the "+"-joined modes of a run the rlbench store wrote
-_ALLOWED = re.compile(r"[\w\-. :/]")
-_ESCAPED = re.compile(r"_x([0-9a-f]{2,6})_")
-
-
 def is_mlflow_locator(value: object) -> bool:
     return isinstance(value, str) and value.startswith(PREFIX)
-
-
-def mlflow_name(name: str) -> str:
-    """`name` as a valid MLflow metric/tag key: `@` -> `_at_`, other characters MLflow refuses -> `_xHH_`."""
-    name = name.replace("@", "_at_")
-    return "".join(c if _ALLOWED.fullmatch(c) else f"_x{ord(c):02x}_" for c in name)
-
-
-def from_mlflow_name(key: str) -> str:
-    """The metric name an MLflow key spells (inverse of `mlflow_name`)."""
-    return _ESCAPED.sub(lambda m: chr(int(m.group(1), 16)), key).replace("_at_", "@")
 
 
 def parse_locator(value: str) -> tuple[str, str, str | None]:
@@ -65,34 +44,6 @@ def parse_locator(value: str) -> tuple[str, str, str | None]:
         raise DataError(f"{value}: an MLflow run is mlflow:TRACKING_URI#RUN_ID[/MODE] "
                         "(e.g. mlflow:http://127.0.0.1:5000#0a1b2c3d...); the run id is on the run's MLflow page")
     return uri, run_id, mode or None
-
-
-@contextmanager
-def fail_fast() -> Iterator[None]:
-    """MLflow's HTTP client retries an unreachable server for minutes: once, within 10 s, unless the user set it."""
-    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": "10"}
-    unset = [k for k in keys if k not in os.environ]
-    os.environ.update({k: keys[k] for k in unset})
-    try:
-        yield
-    finally:
-        for k in unset:
-            os.environ.pop(k, None)
-
-
-def client(uri: str, where: str) -> Any:
-    try:
-        from mlflow.tracking import MlflowClient
-    except ImportError:
-        raise DataError(f"{where}: an MLflow run, and mlflow is not installed: pip install 'rlbench[mlflow]' "
-                        "(or pip install mlflow)") from None
-    return MlflowClient(tracking_uri=uri)
-
-
-def unreachable(e: Exception) -> bool:
-    text = str(e)
-    return any(s in text for s in ("Max retries exceeded", "Connection refused", "ConnectionError",
-                                   "Failed to establish", "timed out", "Name or service not known"))
 
 
 def read_mlflow_run(value: str) -> tuple[pd.DataFrame, list[str]]:

@@ -20,8 +20,9 @@ import pandas as pd
 
 from rlbench.checks.results import CheckResult
 from rlbench.run.runner import Outcome
+from rlbench.store.connect import open_store
 from rlbench.store.sqlite import CheckRow, RunRecord
-from rlbench.store.target import MlflowLocation, StoreTarget, open_store
+from rlbench.store.target import MlflowLocation, StoreTarget
 
 
 def check_row(r: CheckResult) -> CheckRow:

@@ -14,7 +14,7 @@ profile x seed evaluated) is one MLflow run of the experiment, named `SUITE [PRO
 - each check: tags `check.<key>.id` (the exact check id), `.verdict`, `.metric`, `.mode`,
   `.message`, and its numbers as metrics at step 0: `check.<key>.value`, `.lo`, `.hi`, `.ref_value`
   (a number that is None or not finite is not logged). `<key>` is the check id spelled as an MLflow
-  name (`@` -> `_at_`, other characters MLflow refuses -> `_xHH_`: rlbench/ingest/mlflow_run.py).
+  name (`@` -> `_at_`, other characters MLflow refuses -> `_xHH_`: rlbench/store/mlflow_client.py).
 - every logged step as the metric `<mode>/<metric>` (the same spelling) with `step=`.
 - the run's `report.html` as the artifact `report.html`, when there is one.
 
@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from typing_extensions import Self
 
-from rlbench.ingest.mlflow_run import MODE_TAG, client, fail_fast, mlflow_name, unreachable
+from rlbench.store.mlflow_client import MODE_TAG, client, fail_fast, mlflow_name, unreachable
 from rlbench.store.sqlite import MATCH_KEYS, CheckRow, RunRecord, StoreError
 from rlbench.store.target import MlflowLocation
 

@@ -28,7 +28,6 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from trainer.errors import ConfigError
 
@@ -106,17 +105,6 @@ def resolve_target(path: str | None, trusted: bool, source: str,
     if p.is_dir():
         raise ConfigError(f"results store {p}: is a folder; name a file, e.g. {p / 'results.sqlite'}")
     return StoreTarget(path=p, trusted=trusted, source=source)
-
-
-def open_store(where: StoreLocation) -> Any:
-    """The store at `where`: a ResultsStore (SQLite) or an MlflowResultsStore; both append and close."""
-    if isinstance(where, MlflowLocation):
-        from rlbench.store.mlflow_store import MlflowResultsStore
-
-        return MlflowResultsStore(where)
-    from rlbench.store.sqlite import ResultsStore
-
-    return ResultsStore(where)
 
 
 def store_device(arch: str, device_name: str | None) -> str:

@@ -26,7 +26,8 @@ from mlflow.tracking import MlflowClient
 from rlbench.checks.history import HistorySource, history_values
 from rlbench.cli import main
 from rlbench.ingest.load import load_metrics
-from rlbench.ingest.mlflow_run import from_mlflow_name, mlflow_name, read_mlflow_run
+from rlbench.ingest.mlflow_run import read_mlflow_run
+from rlbench.store.mlflow_client import from_mlflow_name, mlflow_name
 from rlbench.store.mlflow_store import MlflowResultsStore
 from rlbench.store.sqlite import CheckRow, RunRecord, StoreError
 from rlbench.store.target import MlflowLocation, resolve_target
