@@ -79,13 +79,25 @@ def read_state(path: Path, layout: str, what: str) -> dict[str, Any]:
     return state
 
 
+def gather_rank_states(local: dict[str, Any], rank: int) -> dict[str, Any]:
+    """Every rank's own state (the Megatron layouts), gathered to rank 0 as `{"ranks": [...]}` (a collective)."""
+    ranks: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
+    dist.gather_object(local, ranks, dst=0)
+    return {"ranks": ranks}
+
+
+def scatter_rank_state(state: dict[str, Any]) -> dict[str, Any]:
+    """This rank's entry of what `gather_rank_states` wrote (rank 0 holds `state`; a collective)."""
+    mine: list[Any] = [None]
+    dist.scatter_object_list(mine, state.get("ranks"), src=0)
+    return mine[0]
+
+
 def save_actor_state(actor: Actor, path: Path, rank: int) -> None:
     """Gather the full training state to rank 0 and write it to `path` (a collective when sharded)."""
     layout = actor.checkpoint_layout()
     if layout.startswith("megatron"):  # one state per rank (module docstring)
-        ranks: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object(actor.state_dict(), ranks, dst=0)
-        state: dict[str, Any] = {"ranks": ranks}
+        state: dict[str, Any] = gather_rank_states(actor.state_dict(), rank)
     elif layout == "plain":
         state = actor.state_dict()
     else:
@@ -101,9 +113,7 @@ def load_actor_state(actor: Actor, path: Path, rank: int) -> None:
     if rank == 0 or layout == "plain":
         state = read_state(path, layout, "policy")
     if layout.startswith("megatron"):
-        mine: list[Any] = [None]
-        dist.scatter_object_list(mine, state.get("ranks"), src=0)
-        actor.load_state_dict(mine[0])
+        actor.load_state_dict(scatter_rank_state(state))
         return
     if layout == "plain":
         actor.load_state_dict(state)

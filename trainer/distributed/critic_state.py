@@ -38,12 +38,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from trainer.backends.critic import Critic
 from trainer.components.batch import Batch
 from trainer.config import TrainerConfig
-from trainer.distributed.actor_state import gather_full_state, read_state, scatter_full_state
+from trainer.distributed.actor_state import (
+    gather_full_state,
+    gather_rank_states,
+    read_state,
+    scatter_full_state,
+    scatter_rank_state,
+)
 from trainer.distributed.sharding import worker_actor_config
 
 CRITIC_FILE = "critic.pt"
@@ -92,9 +97,7 @@ def save_critic_state(critic: Critic, path: Path, rank: int) -> None:
     """Gather the critic's full weights and AdamW state to rank 0 and write `path` (a collective when sharded)."""
     layout = critic.checkpoint_layout()
     if layout.startswith("megatron"):  # one state per rank, as the actor's (actor_state.py)
-        ranks: list[Any] | None = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object(critic.state_dict(), ranks, dst=0)
-        state: dict[str, Any] = {"ranks": ranks}
+        state: dict[str, Any] = gather_rank_states(critic.state_dict(), rank)
     elif layout == "plain":
         state = critic.state_dict()
     else:
@@ -110,9 +113,7 @@ def load_critic_state(critic: Critic, path: Path, rank: int) -> None:
     if rank == 0 or layout == "plain":
         state = read_state(path, layout, "critic")
     if layout.startswith("megatron"):
-        mine: list[Any] = [None]
-        dist.scatter_object_list(mine, state.get("ranks"), src=0)
-        critic.load_state_dict(mine[0])
+        critic.load_state_dict(scatter_rank_state(state))
     elif layout == "plain":
         critic.load_state_dict(state)
     else:
