@@ -101,10 +101,10 @@ class Charts:
         self.count = 0
         self.scripts: list[str] = []
 
-    def add(self, fig: go.Figure, height: int = 360) -> str:
+    def add(self, fig: go.Figure, height: int = 360, margin: dict[str, int] | None = None) -> str:
         self.count += 1
         div_id = f"rlbench-chart-{self.count}"
-        fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 50, "b": 50})
+        fig.update_layout(height=height, margin=margin or {"l": 60, "r": 20, "t": 50, "b": 50})
         spec = fig.to_plotly_json()
         spec["layout"].pop("template", None)  # the page sets the template once
         payload = pio.to_json({"data": spec["data"], "layout": spec["layout"]}, validate=False)

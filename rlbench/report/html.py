@@ -20,6 +20,8 @@ embedded once too, so a chart costs only its data. The pieces, per suite x profi
 - validation accuracy (every `val-core/.../acc/...` metric), drawn whether a check reads it or
   not; then the curve of every other metric an evaluated check reads, with its band and a line
   per check (rlbench/report/charts.py); skipped checks get no chart;
+- trends, when the run is recorded to a results store: each check's value over the store's last
+  runs of the same suite, profile, modes and device, with its band (rlbench/report/trends.py);
 - validation samples: each run's answers at its last sampled validation step, with the images
   the model saw (`samples/step_K.jsonl` of `trainer.log_val_generations`, trainer/components/val_samples.py);
 - step-time partition and throughput (tok/s/GPU, or tok/s on a CPU run): bars only when a timing
@@ -65,6 +67,7 @@ from rlbench.report.charts import (
     validation_metrics,
 )
 from rlbench.report.summary import Tally, badge, counts_text, headline_html, status_of, verdict_rows_html
+from rlbench.report.trends import Trends, trends_html
 
 __all__ = ["ReportSection", "UnrunProfile", "actual_text", "downsample", "overall_verdict", "partition_table",
            "render_report", "render_session_report", "runs_table", "throughput_table"]
@@ -86,6 +89,7 @@ class ReportSection:
     provenance: dict[str, Any] | None = None
     suite_meta: dict[str, Any] | None = None
     samples: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # run name -> validation samples
+    trends: Trends | None = None  # the results store's earlier runs (rlbench/report/trends.py); None: no store
 
 
 # ------------------------------------------------------------------ small helpers
@@ -237,6 +241,8 @@ def _section_html(section: ReportSection, charts: Charts, anchor: str, heading: 
     if metrics:
         parts.append("<h3>Checked metrics</h3>")
         parts.extend(metric_chart([m], section.runs, rs, charts, actual=actual) for m, rs in metrics.items())
+    if section.trends is not None:
+        parts.append("<h3>Trends</h3>" + trends_html(section.results, section.trends, charts))
     timing_checked = any(r.metric.startswith(TIMING_PREFIXES) for r in evaluated)
     cpu = is_cpu(section.env)
     parts.append("<h3>Step-time partition</h3>" + partition_section(section.runs, charts, timing_checked))
@@ -277,6 +283,9 @@ details.fold{margin:4px 0;font-size:13px} details.fold summary{cursor:pointer}
 details.fold ul{margin:4px 0 8px;columns:2}
 .rlbench-chart{width:100%} ul.caption{list-style:none;padding:0;margin:12px 0 0;font-size:13px}
 ul.caption li{margin:2px 0} p.caption{margin:12px 0 0;font-size:13px}
+.trends{display:grid;grid-template-columns:repeat(auto-fill,minmax(360px,1fr));gap:8px 16px}
+.trend{min-width:0;border:1px solid #d0d7de;border-radius:6px;padding:4px 8px}
+p.trend-title{margin:2px 0;font-size:12px;overflow-wrap:anywhere} p.trend-sub{margin:0;font-size:11px;color:#57606a}
 """
 
 _DRAW_JS = """
@@ -318,10 +327,12 @@ def render_report(
     provenance: dict[str, Any] | None = None,
     suite_meta: dict[str, Any] | None = None,
     samples: dict[str, list[dict[str, Any]]] | None = None,
+    trends: Trends | None = None,
 ) -> Path:
-    """Write the report of one suite x profile to `out_path` (one HTML file) and return its path."""
-    section = ReportSection(title=title, runs=runs, results=results, env=env,
-                            provenance=provenance, suite_meta=suite_meta, samples=dict(samples or {}))
+    """Write the report of one suite x profile to `out_path` (one HTML file) and return its path.
+    `trends`: the results store's earlier runs, for a trend chart per check (rlbench/report/trends.py)."""
+    section = ReportSection(title=title, runs=runs, results=results, env=env, provenance=provenance,
+                            suite_meta=suite_meta, samples=dict(samples or {}), trends=trends)
     charts = Charts()
     header = f"<h1>{esc(title)}</h1>" + headline_html(Tally.of(results), profile=(suite_meta or {}).get("profile"))
     body = header + _section_html(section, charts, "section-1", heading=False)

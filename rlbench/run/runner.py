@@ -330,6 +330,12 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
                                       provenance={**provenance, "seed": seed},
                                       suite_meta=suite_meta(suite, profile, _steps_set(provenance)),
                                       samples=latest_samples(dirs)))
+    if store is not None:  # each check's value over the store's earlier runs (this run is appended after)
+        from rlbench.report.trends import load_trends
+
+        for sec in sections:
+            sec.trends = load_trends(store, suite=suite.id, profile=profile, mode="+".join(sec.runs),
+                                     device=store_device(arch, device_name))
     outcome = Outcome(suite, profile, folder, results, seed_of, by_ref, arch=arch,
                       device=store_device(arch, device_name))
     doc = {"suite": suite.id, "profile": profile, "arch": arch, "device": device_name,
@@ -341,7 +347,7 @@ def evaluate_runs(suite: Suite, profile: str, runs_by_seed: dict[int, dict[str, 
     if len(sections) == 1:
         s = sections[0]
         render_report(report, title=s.title, runs=s.runs, results=s.results, env=s.env,
-                      provenance=s.provenance, suite_meta=s.suite_meta, samples=s.samples)
+                      provenance=s.provenance, suite_meta=s.suite_meta, samples=s.samples, trends=s.trends)
     else:
         render_session_report(report, sections, title=f"{suite.title} [{profile}]")
     outcome.report = report

@@ -36,7 +36,7 @@ from typing import Any, TypeVar
 from typing_extensions import Self
 
 from rlbench.store.mlflow_client import MODE_TAG, client, fail_fast, mlflow_name, unreachable
-from rlbench.store.sqlite import MATCH_KEYS, CheckRow, RunRecord, StoreError
+from rlbench.store.sqlite import MATCH_KEYS, CheckRow, RunRecord, StoredRun, StoreError
 from rlbench.store.target import MlflowLocation
 
 _T = TypeVar("_T")
@@ -169,6 +169,50 @@ class MlflowResultsStore:
         except MlflowException as e:
             self._raise(e, f"search the trusted runs of {suite} [{profile}]")
         return out
+
+    def recent_runs(self, suite: str, profile: str, mode: str, device: str, *, last: int = 20) -> list[StoredRun]:
+        """The last `last` FINISHED runs (trusted or not) of suite x profile with these modes ("+"-joined)
+        on `device`, with their checks (tags and step-0 metrics); newest first. The report's trend charts
+        read them. One search_runs call: a run's latest metric values come with it."""
+        from mlflow.exceptions import MlflowException
+
+        query = " and ".join([f"tags.`rlbench.{k}` = '{_quoted(v)}'" for k, v in
+                              (("suite", suite), ("profile", profile), ("mode", mode), ("device", device))]
+                             + ["attributes.status = 'FINISHED'"])
+        try:
+            page = self._client.search_runs([self.experiment_id], filter_string=query, max_results=int(last),
+                                            order_by=["attributes.start_time DESC"])
+        except MlflowException as e:
+            self._raise(e, f"search the runs of {suite} [{profile}]")
+        return [StoredRun(r.info.run_id, stored_record(r.data.tags), stored_checks(r.data.tags, r.data.metrics))
+                for r in page]
+
+
+def stored_record(tags: dict[str, str]) -> RunRecord:
+    """The RunRecord of a run this store wrote, from its `rlbench.*` tags (versions are params: left out)."""
+    t = {k[len("rlbench."):]: v for k, v in tags.items() if k.startswith("rlbench.")}
+    seed = t.get("seed")
+    return RunRecord(suite=t.get("suite", ""), profile=t.get("profile", ""), mode=t.get("mode", ""),
+                     arch=t.get("arch", ""), device=t.get("device", ""), source=t.get("source", ""),
+                     verdict=t.get("verdict", ""), seed=int(seed) if seed and seed.lstrip("-").isdigit() else None,
+                     host=t.get("host", ""), git_commit=t.get("commit"),
+                     dirty=None if t.get("dirty") is None else t["dirty"] == "1", started=t.get("started"),
+                     finished=t.get("finished", ""), trusted=t.get("trusted") == "1", folder=t.get("folder", ""),
+                     command=t.get("command", ""))
+
+
+def stored_checks(tags: dict[str, str], metrics: dict[str, float]) -> dict[str, CheckRow]:
+    """The checks of a run this store wrote, by check id: the `check.<key>.*` tags and step-0 metrics."""
+    out = {}
+    for tag, cid in tags.items():
+        if not (tag.startswith("check.") and tag.endswith(".id")):
+            continue
+        key = tag[:-len(".id")]
+        num = {f: float(metrics[f"{key}.{f}"]) if f"{key}.{f}" in metrics else None
+               for f in ("value", "lo", "hi", "ref_value")}
+        out[cid] = CheckRow(check_id=cid, verdict=tags.get(f"{key}.verdict", ""), mode=tags.get(f"{key}.mode", ""),
+                            metric=tags.get(f"{key}.metric", ""), message=tags.get(f"{key}.message", ""), **num)
+    return out
 
 
 def _quoted(value: str) -> str:

@@ -108,7 +108,7 @@ class CheckRow:
 class StoredRun:
     """A run read back, with its checks by id."""
 
-    id: int
+    id: int | str  # the SQLite row id, or the MLflow run id
     record: RunRecord
     checks: dict[str, CheckRow]
 
@@ -207,6 +207,13 @@ class ResultsStore:
     def metrics(self, run_id: int) -> list[tuple[str, int, str, float | None]]:
         return [tuple(r) for r in self._db.execute(  # type: ignore[misc]
             "SELECT mode, step, key, value FROM metrics WHERE run_id = ? ORDER BY mode, step, key", (run_id,))]
+
+    def recent_runs(self, suite: str, profile: str, mode: str, device: str, *, last: int = 20) -> list[StoredRun]:
+        """The last `last` runs (trusted or not) of suite x profile with these modes ("+"-joined) on
+        `device`, with their checks; newest first. The report's trend charts read them."""
+        where, args = self._where(suite=suite, profile=profile, mode=mode, device=device)
+        rows = self._db.execute(f"SELECT * FROM runs {where} ORDER BY id DESC LIMIT ?", [*args, int(last)]).fetchall()
+        return [StoredRun(r[0], self._record(r), self.checks(r[0])) for r in rows]
 
     def trusted_values(self, suite: str, profile: str, check_id: str, *, match: dict[str, str],
                        last: int) -> list[tuple[int, float]]:
