@@ -9,6 +9,7 @@
         --run colocated=coloc/metrics.jsonl --run fully_async=async/metrics.jsonl
     rlbench golden verl_grpo_qwen3_8b_sglang_gfx950 --profile cpu --seeds 3
     rlbench compare runs/a/SUITE/cpu runs/b/SUITE/cpu --out compare.html   # two runs or seed sets side by side
+    rlbench compare mlflow:http://host:5000#RUN_A mlflow:http://host:5000#RUN_B    # two runs of an MLflow store
     rlbench selftest                       # planted trainer bugs x the checks that catch them (rlbench/selftest/run.py)
 
 `run` trains the profile's modes and seeds (see rlbench/run/runner.py for the run folder), `check`
@@ -304,7 +305,7 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from rlbench.report.compare import compare_sides, load_side, render_compare, text_table
+    from rlbench.report.compare import compare_sides, load_side, render_compare, side_name, text_table
     from rlbench.run.runner import find_suite
 
     suite = find_suite(args.suite) if args.suite else None
@@ -314,7 +315,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         validate_arch(args.arch, suite)
     kw: dict[str, Any] = {"suite": suite, "profile": args.profile, "arch": args.arch or "cpu",
                           "device": args.device or ""}
-    a, b = load_side(args.a, args.label_a or Path(args.a).name, **kw), load_side(args.b, args.label_b or Path(args.b).name, **kw)
+    a = load_side(args.a, args.label_a or side_name(args.a), **kw)
+    b = load_side(args.b, args.label_b or side_name(args.b), **kw)
     rows = compare_sides(a, b)
     print(text_table(a, b, rows))
     out = render_compare(args.out, a, b, rows, title=f"rlbench compare: {a.name} vs {b.name}")
@@ -439,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
     st.set_defaults(func=cmd_selftest)
 
     cp = sub.add_parser("compare", help="two runs or two seed sets side by side (rlbench/report/compare.py)")
-    cp.add_argument("a", metavar="A", help="run folder (checks.json), folder of logs, or folder of those (seeds)")
+    cp.add_argument("a", metavar="A", help="run folder (checks.json), folder of logs, or folder of those (seeds); "
+                    "or an MLflow run the results store wrote: mlflow:TRACKING_URI#RUN_ID[,RUN_ID...][/MODE]")
     cp.add_argument("b", metavar="B", help="the same for the other side")
     cp.add_argument("--suite", help="suite to check log folders against (folders with checks.json need none)")
     cp.add_argument("--profile", choices=PROFILE_NAMES, help="with --suite: the profile the logs ran")

@@ -19,6 +19,8 @@ other character as `_xHH_` (its code point in hex); both are read back (`from_ml
 Runs the rlbench store wrote (tag `rlbench.mode`) hold each mode's steps under `<mode>/<metric>` and
 the checks under `check.*`: with one mode the locator needs no `/MODE`; with several it must name one.
 Runs logged by other tools (verl's `trainer.logger: mlflow`, ...) are read whole.
+`read_stored_run` reads a run the store wrote whole for `rlbench compare`: every mode's frame and
+its checks (the `check.*` tags and metrics, rlbench/store/mlflow_store.py `stored_checks`).
 
 Refused with one line naming the URI and run: an unreachable server, an unknown run id, a run with no
 metric, a malformed locator, or mlflow not installed.
@@ -26,9 +28,14 @@ metric, a malformed locator, or mlflow not installed.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Any
+
 import pandas as pd
 
 from rlbench.store.mlflow_client import MODE_TAG, client, fail_fast, from_mlflow_name, unreachable
+from rlbench.store.mlflow_store import stored_checks, stored_record
+from rlbench.store.sqlite import CheckRow, RunRecord
 from trainer.errors import DataError
 
 PREFIX = "mlflow:"
@@ -46,15 +53,13 @@ def parse_locator(value: str) -> tuple[str, str, str | None]:
     return uri, run_id, mode or None
 
 
-def read_mlflow_run(value: str) -> tuple[pd.DataFrame, list[str]]:
-    """(frame [steps, metrics] of float, warnings) of the run `value` names; DataError when it cannot be read."""
-    uri, run_id, mode = parse_locator(value)
-    mc = client(uri, value)
+def _get_run(mc: Any, value: str, uri: str, run_id: str) -> Any:
+    """The MLflow run, or one DataError line naming `value` and the fix."""
     from mlflow.exceptions import MlflowException
 
     try:
         with fail_fast():
-            run = mc.get_run(run_id)
+            return mc.get_run(run_id)
     except MlflowException as e:
         if unreachable(e):
             raise DataError(f"{value}: cannot reach the MLflow tracking server at {uri}; start it or fix the URI "
@@ -63,6 +68,46 @@ def read_mlflow_run(value: str) -> tuple[pd.DataFrame, list[str]]:
             raise DataError(f"{value}: no run {run_id} on {uri}; copy the run id from the run's MLflow page "
                             "(or MlflowClient.search_runs)") from None
         raise DataError(f"{value}: MLflow refused to read run {run_id}: {str(e).splitlines()[0]}") from None
+
+
+def read_mlflow_run(value: str) -> tuple[pd.DataFrame, list[str]]:
+    """(frame [steps, metrics] of float, warnings) of the run `value` names; DataError when it cannot be read."""
+    uri, run_id, mode = parse_locator(value)
+    mc = client(uri, value)
+    return _frame(mc, _get_run(mc, value, uri, run_id), value, uri, run_id, mode)
+
+
+@dataclass
+class StoredMlflowRun:
+    """A run the rlbench store wrote (rlbench/store/mlflow_store.py): every mode's steps, its checks, its fields."""
+
+    run_id: str
+    frames: dict[str, pd.DataFrame]  # mode -> [steps, metrics]
+    checks: dict[str, CheckRow]  # check id -> what the store wrote
+    record: RunRecord
+    warnings: list[str]
+
+
+def read_stored_run(value: str) -> StoredMlflowRun:
+    """Each mode's frame (or the one `/MODE` names) and the checks of the run `value` names. A run that
+    another tool logged (no `rlbench.mode` tag) has no modes or checks: `frames` is {"": frame}."""
+    uri, run_id, mode = parse_locator(value)
+    mc = client(uri, value)
+    run = _get_run(mc, value, uri, run_id)
+    tags = run.data.tags
+    modes = [mode] if mode is not None else (tags[MODE_TAG].split("+") if MODE_TAG in tags else [None])
+    frames, warnings = {}, []
+    for m in modes:
+        frame, w = _frame(mc, run, value, uri, run_id, m)
+        frames[m or ""] = frame
+        warnings += w
+    checks = stored_checks(tags, run.data.metrics)
+    if mode is not None:
+        checks = {k: c for k, c in checks.items() if c.mode in (mode, "") or "/" in c.mode}
+    return StoredMlflowRun(run_id, frames, checks, stored_record(tags), warnings)
+
+
+def _frame(mc: Any, run: Any, value: str, uri: str, run_id: str, mode: str | None) -> tuple[pd.DataFrame, list[str]]:
     keys = _keys(list(run.data.metrics), run.data.tags.get(MODE_TAG), mode, value)
     if not keys:
         raise DataError(f"{value}: run {run_id} on {uri} has no metric"

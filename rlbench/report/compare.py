@@ -8,7 +8,12 @@ each checked metric overlaid on one HTML page.
 A side is a run folder (`checks.json` as `rlbench run` / `rlbench check` write it: its seeds, and
 the logs it read), a folder of logs (`<mode>.jsonl`, `<mode>_metrics.jsonl` or `<mode>/metrics.jsonl`,
 checked here against `--suite` / `--profile`, each as a run of the steps it logged), or a folder
-whose sub-folders are such: one seed each.
+whose sub-folders are such: one seed each. A side may also be an MLflow run the results store wrote,
+`mlflow:TRACKING_URI#RUN_ID[/MODE]` (several seeds: `#ID1,ID2`), as `rlbench check` reads it
+(rlbench/ingest/mlflow_run.py): its steps (`get_metric_history`) and its checks (`check.*` tags and
+metrics); a run another tool logged has no checks, and is checked here against `--suite` / `--profile`.
+
+    rlbench compare mlflow:http://mlflow:5000#0a1b2c mlflow:http://mlflow:5000#3d4e5f,6a7b8c --out cmp.html
 
 Speed-like metrics (`perf/`, `timing_s/`, `memory/`) are compared as the ratio of the means B / A.
 Everything else (accuracy, reward, KL, loss) as the difference of the means B - A with a Welch
@@ -32,8 +37,10 @@ import pandas as pd
 
 from rlbench.checks.results import CheckResult
 from rlbench.ingest.load import load_metrics
+from rlbench.ingest.mlflow_run import is_mlflow_locator, parse_locator, read_stored_run
 from rlbench.report.charts import Charts, esc, fmt, metric_chart
 from rlbench.report.summary import badge
+from rlbench.store.sqlite import CheckRow
 from rlbench.suites.suite import MODE_NAMES, Suite
 from trainer.errors import ConfigError
 
@@ -101,22 +108,64 @@ def _from_checks(folder: Path) -> list[SeedRun]:
 
 def _from_logs(folder: Path, logs: dict[str, Path], suite: Suite | None, profile: str | None, arch: str,
                device: str) -> SeedRun:
-    from rlbench.checks.evaluate import evaluate
-
     if suite is None or profile is None:
         raise ConfigError(f"{folder}: holds logs and no checks.json; give --suite and --profile to check them")
-    frames = {m: load_metrics(p).frame for m, p in logs.items()}
+    return _evaluate_frames(folder.name, {m: load_metrics(p).frame for m, p in logs.items()}, suite, profile,
+                            arch, device)
+
+
+def _evaluate_frames(label: str, frames: dict[str, pd.DataFrame], suite: Suite, profile: str, arch: str,
+                     device: str) -> SeedRun:
+    from rlbench.checks.evaluate import evaluate
+
     # Each log is checked as a run of the steps it has (logs trained with their own total_steps):
     # a mode's checks on that mode's log alone, the checks across modes (ratios) on all of them.
     results = [r for m, f in frames.items() for r in evaluate(suite, profile, {m: f}, arch=arch, device_name=device,
                                                               steps=int(f.index.max())) if r.run == m]
     results += [r for r in evaluate(suite, profile, frames, arch=arch, device_name=device) if "/" in r.run]
-    return SeedRun(folder.name, frames, results)
+    return SeedRun(label, frames, results)
+
+
+def check_result(c: CheckRow) -> CheckResult:
+    """A check as the store wrote it, as a result: the statistic is the check id's part after the metric."""
+    band = (c.lo if c.lo is not None else -math.inf, c.hi if c.hi is not None else math.inf)
+    return CheckResult(c.check_id, c.verdict, c.metric, c.check_id.partition(":")[2], "", c.value, "", "",  # type: ignore[arg-type]
+                       message=c.message, run=c.mode, ref_value=c.ref_value,
+                       ref_band=band if c.lo is not None or c.hi is not None else None)
+
+
+def _from_mlflow(locator: str, suite: Suite | None, profile: str | None, arch: str, device: str) -> list[SeedRun]:
+    """`mlflow:URI#RUN_ID[,RUN_ID...][/MODE]`: one seed run per MLflow run id, its steps and stored checks;
+    a run with no stored check (logged by another tool) is checked here against --suite / --profile, as
+    the profile's only mode."""
+    uri, ids, mode = parse_locator(locator)
+    runs = []
+    for run_id in [i for i in ids.split(",") if i]:
+        one = f"mlflow:{uri}#{run_id}" + (f"/{mode}" if mode else "")
+        got = read_stored_run(one)
+        label = run_id[:7] + (f" seed {got.record.seed}" if got.record.seed is not None else "")
+        if got.checks:
+            runs.append(SeedRun(label, got.frames, [check_result(c) for c in got.checks.values()]))
+            continue
+        if suite is None or profile is None:
+            raise ConfigError(f"{one}: a run with no rlbench checks; give --suite and --profile to check it")
+        if "" in got.frames:  # another tool's run: it is the profile's only mode
+            modes = suite.profile(profile).modes
+            if len(modes) != 1:
+                raise ConfigError(f"{one}: a run with no rlbench checks, and profile {profile} runs "
+                                  f"{', '.join(modes)}: compare runs the results store wrote (rlbench check "
+                                  "--run MODE=... --store mlflow:...), which know their modes")
+            got.frames = {modes[0]: got.frames[""]}
+        run = _evaluate_frames(locator, got.frames, suite, profile, arch, device)
+        runs.append(SeedRun(label, run.frames, run.results))
+    return runs
 
 
 def load_side(path: str | Path, name: str, *, suite: Suite | None = None, profile: str | None = None,
               arch: str = "cpu", device: str = "") -> Side:
     """One side of a comparison (see module docstring); a one-line ConfigError when nothing is there."""
+    if is_mlflow_locator(path):
+        return Side(name, _from_mlflow(str(path), suite, profile, arch, device))
     p = Path(path)
     if not p.is_dir():
         raise ConfigError(f"{p}: not a folder; give a run folder (with checks.json), a folder of logs, or a "
@@ -224,12 +273,12 @@ def render_compare(out: str | Path, a: Side, b: Side, rows: list[Row], title: st
         f"</td><td>{_badges(r.verdicts[1])}</td><td>{esc(_mean(r.values[1]))}</td><td>{esc(r.statement)}</td></tr>"
         for r in rows)
     body = [f"<h1>{esc(title)}</h1>",
-            f"<p><b>A</b>: {esc(a.name)}: {esc(', '.join(r.label for r in a.runs))}<br><b>B</b>: {esc(b.name)}: "
-            f"{esc(', '.join(r.label for r in b.runs))}</p>",
-            "<p class=\"note\">Speed-like metrics: ratio of the means B/A. Others: B-A of the means with a Welch 95% "
-            "interval over seeds (t with Welch-Satterthwaite degrees of freedom; needs 2 seeds a side).</p>",
-            "<table><thead><tr><th>check</th><th>A verdicts</th><th>A mean</th><th>B verdicts</th><th>B mean</th>"
-            f"<th>B vs A</th></tr></thead><tbody>{table}</tbody></table>", "<h2>Curves</h2>"]
+            (f"<p><b>A</b>: {esc(a.name)}: {esc(', '.join(r.label for r in a.runs))}<br><b>B</b>: {esc(b.name)}: "
+             f"{esc(', '.join(r.label for r in b.runs))}</p>"),
+            ("<p class=\"note\">Speed-like metrics: ratio of the means B/A. Others: B-A of the means with a Welch 95% "
+             "interval over seeds (t with Welch-Satterthwaite degrees of freedom; needs 2 seeds a side).</p>"),
+            ("<table><thead><tr><th>check</th><th>A verdicts</th><th>A mean</th><th>B verdicts</th><th>B mean</th>"
+             f"<th>B vs A</th></tr></thead><tbody>{table}</tbody></table>"), "<h2>Curves</h2>"]
     curves: dict[str, pd.DataFrame] = {}
     for tag, side in (("A", a), ("B", b)):
         for run in side.runs:
@@ -251,5 +300,12 @@ def _badges(text: str) -> str:
     return " ".join(f"{badge(word.replace(' ', '_'))} {esc(count)}" for word, count in parts) or "-"
 
 
+def side_name(path: str) -> str:
+    """A side's default name: its folder's name, or an MLflow locator's run ids."""
+    if is_mlflow_locator(path):
+        return path.rpartition("#")[2]
+    return Path(path).name or str(path)
+
+
 def load_pair(a: str, b: str, **kw: Any) -> tuple[Side, Side]:
-    return load_side(a, Path(a).name or str(a), **kw), load_side(b, Path(b).name or str(b), **kw)
+    return load_side(a, side_name(a), **kw), load_side(b, side_name(b), **kw)

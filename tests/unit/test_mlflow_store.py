@@ -56,7 +56,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 240  # a loaded 2-core CI machine can take minutes to import mlflow
     try:
         while True:
             try:
@@ -191,3 +191,91 @@ def test_store_target_selects_mlflow() -> None:
         resolve_target("mlflow:http://h:5000#exp=x", False, "run", env={})
     with pytest.raises(ConfigError, match="no tracking URI after mlflow:"):
         resolve_target("mlflow:", False, "run", env={})
+
+
+def _steps(throughput: float, acc: float, n: int = 6) -> list[tuple[str, int, str, float]]:
+    return [row for s in range(1, n + 1) for row in (("colocated", s, "perf/throughput", throughput + s),
+                                                     ("colocated", s, "val-core/x/acc/mean@1", acc + s / 100))]
+
+
+def test_compare_reads_mlflow_runs_as_sides(server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`rlbench compare mlflow:URI#A mlflow:URI#B1,B2`: the checks and steps the store wrote, compared."""
+    from rlbench.report.compare import compare_sides, load_side
+
+    acc_id, tput_id = "val-core/x/acc/mean@1:mean_last[3]~=0.9", "perf/throughput:median>=100"
+    written = {"a": (0.90, 150.0, "pass"), "b1": (0.95, 200.0, "pass"), "b2": (0.97, 210.0, "fail")}
+    ids = {}
+    with MlflowResultsStore(MlflowLocation(server, "compare")) as store:
+        for i, (name, (acc, tput, verdict)) in enumerate(written.items()):
+            checks = [CheckRow(acc_id, "pass", acc, 0.85, 0.95, 0.9, "colocated", "val-core/x/acc/mean@1", "ok"),
+                      CheckRow(tput_id, verdict, tput, 100.0, None, 100.0, "colocated", "perf/throughput", "t")]
+            ids[name] = store.append(_record(seed=i), checks, _steps(tput, acc))
+    a, b = f"mlflow:{server}#{ids['a']}", f"mlflow:{server}#{ids['b1']},{ids['b2']}"
+    side_a, side_b = load_side(a, "A"), load_side(b, "B")
+    assert [r.label for r in side_b.runs] == [f"{ids['b1'][:7]} seed 1", f"{ids['b2'][:7]} seed 2"]
+    assert list(side_a.runs[0].frames) == ["colocated"]
+    assert side_a.runs[0].frames["colocated"]["perf/throughput"].to_dict() == {s: 150.0 + s for s in range(1, 7)}
+    rows = {r.check_id: r for r in compare_sides(side_a, side_b)}
+    assert rows[acc_id].values == ([0.90], [0.95, 0.97]) and rows[acc_id].verdicts == ("pass 1/1", "pass 2/2")
+    assert rows[tput_id].values == ([150.0], [200.0, 210.0]) and rows[tput_id].verdicts == ("pass 1/1",
+                                                                                           "pass 1/2, fail 1/2")
+    assert rows[tput_id].statement == f"B/A = {205.0 / 150.0:.3f}x"
+    assert rows["perf/throughput:median@colocated"].values == ([153.5], [203.5, 213.5])  # medians of the steps
+    assert "no interval: 1 and 2 seeds" in rows[acc_id].statement
+
+    out = tmp_path / "compare.html"
+    assert main(["compare", a, b, "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"A: {ids['a']} (1 run(s): {ids['a'][:7]} seed 0)" in text
+    assert f"{acc_id}\n    A pass 1/1 (mean 0.9) | B pass 2/2 (mean 0.96) | B-A = +0.06" in text
+    page = out.read_text()
+    assert page.count('class="rlbench-chart"') == 2  # the two checked metrics, both sides' curves
+
+
+def test_compare_refuses_an_unreadable_mlflow_side(server: str, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = f"mlflow:{server}#0123456789abcdef"
+    assert main(["compare", missing, missing]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {missing}: no run 0123456789abcdef on {server}; copy")
+    down = f"mlflow:http://127.0.0.1:{_free_port()}#abc"
+    assert main(["compare", down, down]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"error: {down}: cannot reach the MLflow tracking server" in err
+    mc = MlflowClient(tracking_uri=server)
+    other = mc.create_run(mc.create_experiment("foreign")).info.run_id  # logged by another tool: no checks
+    mc.log_metric(other, "perf/throughput", 1.0, step=1)
+    assert main(["compare", f"mlflow:{server}#{other}", f"mlflow:{server}#{other}"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "a run with no rlbench checks; give --suite and --profile" in err
+
+
+def test_trend_charts_from_an_mlflow_history(server: str, tmp_path: Path) -> None:
+    """recent_runs on MLflow: the FINISHED runs of suite x profile x modes x device, newest first; the
+    report's trend chart draws them (rlbench/report/trends.py)."""
+    import pandas as pd
+
+    from rlbench.checks.results import CheckResult
+    from rlbench.report.html import render_report
+    from rlbench.report.trends import load_trends
+    from tests.unit.test_report_trends import charts_by_check, trace
+
+    cid = "val-core/x/acc/mean@1:mean_last[3]~=history"
+    where = MlflowLocation(server, "trends")
+    with MlflowResultsStore(where) as store:
+        ids = [store.append(_record(i, trusted=i % 4 != 3), [CheckRow(cid, "pass", 0.8 + i / 100, 0.7, 0.9)])
+               for i in range(11)]
+        store.append(_record(99, device="MI300X"), [CheckRow(cid, "pass", 0.1)])
+        store.append(_record(98, mode="colocated+fully_async"), [CheckRow(cid, "pass", 0.2)])
+    trends = load_trends(where, suite="s", profile="cpu", mode="colocated", device="cpu")
+    assert [r.id for r in trends.runs] == ids[::-1]
+    assert [r.record.trusted for r in trends.runs[::-1]] == [i % 4 != 3 for i in range(11)]
+    current = [CheckResult(cid, "pass", "val-core/x/acc/mean@1", "mean_last[3]", "", 0.85, "", "",
+                           ref_band=(0.72, 0.92))]
+    frame = pd.DataFrame({"val-core/x/acc/mean@1": [0.85]}, index=pd.Index([1], name="step"))
+    page = render_report(tmp_path / "r.html", title="t", runs={"colocated": frame}, results=current, env={},
+                         trends=trends).read_text()
+    fig = charts_by_check(page)[cid]
+    assert trace(fig, "value")["x"] == [i[:7] for i in ids] + ["this run"]
+    assert trace(fig, "value")["y"] == pytest.approx([0.8 + i / 100 for i in range(11)] + [0.85])
+    assert trace(fig, "band lo")["y"] == [0.7] * 11 + [0.72] and trace(fig, "band hi")["y"] == [0.9] * 11 + [0.92]
+    assert trace(fig, "untrusted")["x"] == [ids[3][:7], ids[7][:7]] and len(trace(fig, "trusted")["x"]) == 9
