@@ -50,6 +50,8 @@ def _ranges() -> None:
                ("trainer.models.moe", "RouterRecorder", "pop", "phase:router_stats"),
                ("trainer.backends.megatron.backend", "MegatronActor", "_decoder_forward", "phase:decoder_forward"),
                ("trainer.backends.megatron.backend", None, "lm_head_logprobs", "phase:lm_head_forward"),
+               ("trainer.backends.megatron.gpu", None, "megatron_step", "phase:megatron_grad_sync+clip+step"),
+               ("trainer.backends.megatron.gpu", "_Steps", "zero_grad", "phase:megatron_zero_grad"),
                ("trainer.backends.mixed_precision", "BF16Params", "sync_to_model", "phase:master_to_bf16_copy")]
     for module, cls, name, label in targets:
         try:
@@ -88,8 +90,8 @@ def _rich_profile(step, rows: int) -> list[dict]:
     if out:
         with open(out, "a") as f:
             f.write(f"\n##### {' '.join(sys.argv[1:])}\n")
-            for sort in ("self_cuda_time_total", "cuda_time_total", "self_cpu_time_total"):
-                f.write(f"\n=== key_averages top {rows} by {sort}\n{_table(prof, sort, rows)}\n")
+            f.writelines(f"\n=== key_averages top {rows} by {sort}\n{_table(prof, sort, rows)}\n"
+                         for sort in ("self_cuda_time_total", "cuda_time_total", "self_cpu_time_total"))
     trace = os.environ.get("PROF_TRACE")
     if trace:
         with tempfile.NamedTemporaryFile(suffix=".json") as tmp:

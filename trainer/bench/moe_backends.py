@@ -441,8 +441,12 @@ def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: st
     `"megatron"` the `MegatronActor` with megatron's DDP and distributed optimizer (fp32 masters)."""
     from trainer.backends.actor import Actor
 
+    # strategy as the loops set it: with actor.strategy=megatron the update runs no optimizer / loss witness
+    # (trainer/components/invariants.py; Actor.update_witness), as in training (before 2026-12-05 this bench left it
+    # at fsdp2, so its Megatron actor rows also timed the loss witness, a cost the training loops do not have)
     cfg = ActorConfig(lr=1e-5, ppo_mini_batch_size=batch * accum, ppo_micro_batch_size_per_gpu=batch, grad_clip=1.0,
-                      mixed_precision="bf16_params" if backend == "fsdp2" else "none")
+                      mixed_precision="bf16_params" if backend == "fsdp2" else "none",
+                      strategy="fsdp2" if backend == "fsdp2" else "megatron")
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke test of the code path
     if backend == "fsdp2":

@@ -27,6 +27,7 @@ the CPU), which megatron's `load_state_dict` reads back; the per-rank checkpoint
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -125,7 +126,7 @@ def use_megatron_optimizer(actor: Any, optimizer: str = "adam", adam_eps: float 
     "adam", AdamW with the actor's betas and weight decay; "sgd", plain SGD without momentum, which
     megatron-core 0.19's distributed optimizer refuses, so it runs in megatron's non-distributed
     mixed-precision optimizer: fp32 masters, one data-parallel copy)."""
-    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.distributed import DistributedDataParallelConfig
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
     if actor.megatron_optimizer is not None:
@@ -136,7 +137,7 @@ def use_megatron_optimizer(actor: Any, optimizer: str = "adam", adam_eps: float 
     distributed = optimizer != "sgd"
     ddp_cfg = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                             use_distributed_optimizer=distributed)
-    ddp = DistributedDataParallel(config=tcfg, ddp_config=ddp_cfg, module=actor.model)
+    ddp = first_write_ddp_class()(config=tcfg, ddp_config=ddp_cfg, module=actor.model)
     if optimizer not in ("adam", "sgd"):
         raise ValueError(f"use_megatron_optimizer: optimizer={optimizer!r} (adam or sgd)")
     ocfg = OptimizerConfig(optimizer=optimizer, lr=cfg.lr, weight_decay=cfg.weight_decay, adam_beta1=cfg.betas[0],
@@ -144,6 +145,7 @@ def use_megatron_optimizer(actor: Any, optimizer: str = "adam", adam_eps: float 
                            bf16=tcfg.bf16, params_dtype=tcfg.params_dtype, use_distributed_optimizer=distributed)
     opt = get_megatron_optimizer(ocfg, [ddp], config_overrides={})  # {}: weight decay on every parameter
     use_fused_adam(opt)
+    use_in_place_clip()
     actor.ddp = ddp
     actor.model = ddp
     actor.megatron_optimizer = opt
@@ -179,3 +181,92 @@ def megatron_step(actor: Any) -> torch.Tensor:
     if not ok or grad_norm is None:
         return torch.tensor(float("nan"))
     return torch.tensor(float(grad_norm))
+
+
+# --------------------------------------------------------------------------- fixed per-step costs
+
+@functools.cache
+def first_write_ddp_class() -> type:
+    """megatron's `DistributedDataParallel` with the step's first gradient of each parameter *written* into
+    its fp32 main grad instead of added to a zeroed buffer.
+
+    megatron zeroes every grad buffer at the start of a step (`zero_grad_buffer`: one pass over 4 B per
+    parameter) and its backward hook adds each parameter's bf16 gradient into the fp32 main grad
+    (`main_grad.add_(grad)`: torch's mixed-dtype add, an unvectorized kernel reading 6 B and writing 4 B per
+    element). Here `zero_grad_buffer` marks the parameters unwritten instead of zeroing, the hook's first
+    call of the step copies the gradient into the main grad (`copy_`: 2 B read, 4 B written, vectorized), later
+    calls (more micro-batches) add as megatron does, and `finish_grad_sync` zeroes the main grad of any
+    parameter that got no gradient before it reduces. `0 + g` is `g` exactly in fp32 (a bf16 value widens
+    without rounding), so the main grads are bitwise the same (up to the sign of a zero, which no later
+    operation reads); the buffers' padding is never written, so it stays the zeros it was allocated as.
+    On only where megatron's hook is the plain add: no gradient-accumulation fusion (TransformerEngine writes
+    the main grad itself), no overlapped reduction, no delayed wgrad, no CUDA-graph or extra main grads, no
+    MXFP8 buffer reuse; otherwise megatron's own behaviour throughout."""
+    from megatron.core.distributed import DistributedDataParallel
+
+    class FirstWriteDDP(DistributedDataParallel):
+        def __init__(self, config: Any, ddp_config: Any, module: torch.nn.Module, **kw: Any):
+            self._unwritten: set = set()  # parameters whose main grad holds last step's gradient
+            super().__init__(config=config, ddp_config=ddp_config, module=module, **kw)
+            buffers = self.buffers + self.expert_parallel_buffers
+            self.first_write = not (getattr(config, "gradient_accumulation_fusion", False)
+                                    or ddp_config.overlap_grad_reduce
+                                    or getattr(ddp_config, "delay_wgrad_compute", False)
+                                    or getattr(ddp_config, "reuse_grad_buf_for_mxfp8_param_ag", False)
+                                    or getattr(config, "cuda_graph_impl", "none") != "none"
+                                    or any(getattr(b, "extra_main_grads", None) for b in buffers))
+
+        def _make_backward_post_hook(self, param: torch.nn.Parameter):
+            megatron_hook = super()._make_backward_post_hook(param)
+
+            def hook(*unused: Any) -> None:
+                if param in self._unwritten and param.grad is not None and not param.grad_added_to_main_grad:
+                    param.main_grad.copy_(param.grad.data)  # the step's first gradient: written, not added
+                    param.grad = None  # megatron's hook then has nothing to add
+                    self._unwritten.discard(param)
+                megatron_hook(*unused)
+
+            return hook
+
+        def zero_grad_buffer(self) -> None:
+            if not self.first_write:
+                return super().zero_grad_buffer()
+            for param in self.params_with_grad:
+                param.grad_added_to_main_grad = False
+            for bucket_group in self.bucket_groups + self.expert_parallel_bucket_groups:
+                bucket_group.reset()
+            self._unwritten = {p for p in self.params_with_grad if p in self.param_to_bucket_group}
+
+        def finish_grad_sync(self, *args: Any, **kw: Any) -> None:
+            with torch.no_grad():
+                for param in self._unwritten:  # no gradient this step: zero, as megatron's zeroed buffer holds
+                    param.main_grad.zero_()
+            self._unwritten = set()
+            super().finish_grad_sync(*args, **kw)
+
+    return FirstWriteDDP
+
+
+def _scale_in_place(chunk_size: int, noop_flag: Any, tensor_lists: list, scale: float) -> None:
+    """megatron's `local_multi_tensor_scale` (its fallback without TransformerEngine or Apex:
+    `dst.copy_(src * scale)` per tensor, a temporary and a second pass) as one in-place
+    `torch._foreach_mul_` when source and destination are the same tensors (the gradient clip); the same
+    fp32 product per element."""
+    from megatron.core.utils import local_multi_tensor_scale
+
+    src, dst = tensor_lists
+    if len(src) == len(dst) and all(s is d for s, d in zip(src, dst)):
+        if dst:
+            torch._foreach_mul_(dst, scale)
+        return
+    local_multi_tensor_scale(chunk_size, noop_flag, tensor_lists, scale)
+
+
+def use_in_place_clip() -> None:
+    """The gradient clip of megatron's optimizer in place (`_scale_in_place`), where megatron runs its local
+    fallback (no TransformerEngine or Apex; their kernels already scale in place)."""
+    from megatron.core.optimizer import clip_grads
+    from megatron.core.utils import local_multi_tensor_scale
+
+    if clip_grads.multi_tensor_scale_impl is local_multi_tensor_scale:
+        clip_grads.multi_tensor_scale_impl = _scale_in_place
