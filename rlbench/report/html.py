@@ -242,7 +242,7 @@ def _section_html(section: ReportSection, charts: Charts, anchor: str, heading: 
         parts.append("<h3>Checked metrics</h3>")
         parts.extend(metric_chart([m], section.runs, rs, charts, actual=actual) for m, rs in metrics.items())
     if section.trends is not None:
-        parts.append("<h3>Trends</h3>" + trends_html(section.results, section.trends, charts))
+        parts.append('<h3 class="trends-head">Trends</h3>' + trends_html(section.results, section.trends, charts))
     timing_checked = any(r.metric.startswith(TIMING_PREFIXES) for r in evaluated)
     cpu = is_cpu(section.env)
     parts.append("<h3>Step-time partition</h3>" + partition_section(section.runs, charts, timing_checked))

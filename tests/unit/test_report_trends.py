@@ -87,7 +87,8 @@ def test_trend_charts_from_a_sqlite_history(tmp_path: Path) -> None:
     assert "20 earlier run(s); this run 150 fail; band [182, inf]" in page
     assert "last 20 run(s) of s [cpu] colocated on cpu in " + str(db) in page
     plain = render_report(tmp_path / "p.html", title="t", runs={"colocated": frame}, results=current, env={})
-    assert "<h3>Trends</h3>" not in plain.read_text() and 'class="trend"' not in plain.read_text()
+    assert "Trends</h3>" not in plain.read_text() and 'class="trend"' not in plain.read_text()
+    assert '<h3 class="trends-head">Trends</h3>' in page
 
 
 def test_rlbench_check_with_a_store_draws_the_history(tmp_path: Path) -> None:
