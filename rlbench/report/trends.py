@@ -26,7 +26,7 @@ from rlbench.checks.results import CheckResult
 from rlbench.report.charts import TEMPLATE, Charts, esc, fmt
 from rlbench.report.summary import status_of
 from rlbench.store.connect import open_store
-from rlbench.store.sqlite import StoredRun
+from rlbench.store.sqlite import StoredRun, StoreError
 from rlbench.store.target import StoreLocation
 
 LAST = 20  # earlier runs drawn per chart
@@ -39,16 +39,21 @@ class Trends:
 
     runs: list[StoredRun]
     where: str  # "suite [profile] colocated on cpu in results.sqlite"
+    error: str = ""  # the store could not be read: why (the report is written all the same)
 
 
 def load_trends(store: StoreLocation, *, suite: str, profile: str, mode: str, device: str,
                 last: int = LAST) -> Trends:
-    """The last `last` runs of suite x profile x modes x device in `store` (none when the file does not exist yet)."""
+    """The last `last` runs of suite x profile x modes x device in `store` (none when the file does not exist
+    yet); a store that cannot be read gives no runs and its error, so the report is still written."""
     where = f"{suite} [{profile}] {mode} on {device or '(no device)'} in {store}"
     if isinstance(store, Path) and not store.is_file():
         return Trends([], where)
-    with open_store(store) as s:
-        return Trends(s.recent_runs(suite, profile, mode, device, last=last), where)
+    try:
+        with open_store(store) as s:
+            return Trends(s.recent_runs(suite, profile, mode, device, last=last), where)
+    except StoreError as e:
+        return Trends([], where, error=str(e))
 
 
 def _num(x: float | None) -> float | None:
@@ -137,6 +142,8 @@ def trends_html(results: Sequence[CheckResult], trends: Trends, charts: Charts) 
             f'first: <span style="color:{TRUSTED}">&#9679; trusted</span>, <span style="color:{UNTRUSTED}">'
             f'&#9675; untrusted</span>, <span style="color:{CURRENT}">&#9670; this run</span>, '
             f'<span style="color:{BAND}">green: the accepted band</span>.</p>')
+    if trends.error:
+        return f'<p class="msg warn">No trends: the results store could not be read ({esc(trends.error)}).</p>'
     if not trends.runs:
         return f'<p class="note">No earlier run of {esc(trends.where)}: the trends start with this run.</p>'
     if not cells:

@@ -121,3 +121,19 @@ def test_rlbench_check_with_a_store_draws_the_history(tmp_path: Path) -> None:
                                                                                                "untrusted", "this run"}
     with ResultsStore(db) as store:
         assert len(store.runs()) == 12  # and this run appended after its report
+
+
+def test_no_earlier_run_and_an_unreadable_store_are_said(tmp_path: Path) -> None:
+    r = CheckResult(ACC, "pass", "val-core/x/acc/mean@1", "mean_last[3]", "", 0.95, "", "")
+    frame = pd.DataFrame({"val-core/x/acc/mean@1": [0.95]}, index=pd.Index([1], name="step"))
+    first = load_trends(tmp_path / "new.sqlite", suite="s", profile="cpu", mode="colocated", device="cpu")
+    page = render_report(tmp_path / "a.html", title="t", runs={"colocated": frame}, results=[r], env={},
+                         trends=first).read_text()
+    assert first.runs == [] and "No earlier run of s [cpu] colocated on cpu in" in page and not charts_by_check(page)
+    bad = tmp_path / "bad.sqlite"
+    bad.write_bytes(b"not a database" * 100)
+    broken = load_trends(bad, suite="s", profile="cpu", mode="colocated", device="cpu")
+    page = render_report(tmp_path / "b.html", title="t", runs={"colocated": frame}, results=[r], env={},
+                         trends=broken).read_text()
+    assert f"No trends: the results store could not be read ({bad}: not an rlbench results store" in page
+
