@@ -175,3 +175,42 @@ def test_reader_view_at_1280(tmp_path: Path) -> None:
     assert first_fail < last_pass < first_skip  # failures, then passes, then the folded skips
     assert val_drawn == 2  # GSM8K and MATH validation accuracy, drawn
     assert (tmp_path / "reader.png").stat().st_size > 10_000
+
+
+def test_trend_charts_at_1280(tmp_path: Path) -> None:
+    """The Trends section of a report with a 10-run SQLite history: every small chart drawn, three to a
+    row, no horizontal scrolling at 1280 px, each with the 10 earlier runs and this one."""
+    from rlbench.report.trends import load_trends
+    from rlbench.store.sqlite import CheckRow, ResultsStore, RunRecord
+
+    sync_api = _browser()
+    db = tmp_path / "results.sqlite"
+    ids = [f"check-{k}:mean_last[3]~=history" for k in range(5)]
+    with ResultsStore(db) as store:
+        for i in range(10):
+            store.append(RunRecord("s", "cpu", "colocated", "cpu", "cpu", "check", "pass", trusted=i % 3 != 0),
+                         [CheckRow(c, "pass", 0.9 + i / 100, 0.85, 0.95) for c in ids])
+    results = [CheckResult(c, "pass", f"m{k}", "mean_last[3]", "", 0.93, "", "", ref_band=(0.85, 0.95))
+               for k, c in enumerate(ids)]
+    trends = load_trends(db, suite="s", profile="cpu", mode="colocated", device="cpu")
+    out = render_report(tmp_path / "trends.html", title="trends", runs=_runs(20), results=results,
+                        env={"arch": "cpu"}, trends=trends)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
+        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(out.as_uri())
+        page.wait_for_function("Array.from(document.querySelectorAll('.trend div.rlbench-chart'))"
+                               ".every(d => d.querySelector('.main-svg') !== null)")
+        cells = page.evaluate("Array.from(document.querySelectorAll('.trend')).map(e => e.getBoundingClientRect())"
+                              ".map(b => [Math.round(b.left), Math.round(b.top), Math.round(b.width)])")
+        points = page.evaluate("Array.from(document.querySelectorAll('.trend div.rlbench-chart'))"
+                               ".map(d => d.data.find(t => t.name === 'value').y.length)")
+        scroll_width = page.evaluate("document.documentElement.scrollWidth")
+        browser.close()
+    assert errors == []
+    assert len(cells) == 5 and points == [11] * 5
+    assert len({top for _, top, _ in cells[:3]}) == 1 and cells[3][1] > cells[0][1]  # three to a row
+    assert all(w >= 360 for *_, w in cells)
+    assert scroll_width <= 1280
