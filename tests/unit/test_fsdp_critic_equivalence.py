@@ -3,7 +3,7 @@
 The global batch has two mini-batches (two optimizer steps) of unequal response lengths and old values
 spread so that some value predictions are clipped: a wrong token count, a mean-instead-of-sum gradient
 reduction, a wrong shard order or a per-worker (not global) clip fraction changes the result. Each worker
-builds its critic with `build_worker_critic` (the Ray path's code); the one-worker reference is the
+builds its critic with `build_worker_models` (the Ray path's code); the one-worker reference is the
 single-process `Critic`. Tolerance: fp32 rounding of a different reduction order.
 """
 
@@ -51,12 +51,13 @@ def _reference_critic() -> Critic:
 def _worker(rank: int, world: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     from trainer.backends.fsdp import init_data_parallel, is_sharded
-    from trainer.distributed.critic_state import build_worker_critic, critic_update, critic_values
+    from trainer.distributed.critic_state import critic_update, critic_values
+    from trainer.distributed.worker_actor import build_worker_models
 
     init_data_parallel(rank, world, "127.0.0.1", port, backend="gloo")
     policy = tiny_qwen2()
     torch.manual_seed(0)
-    critic = build_worker_critic(policy, _cfg(), world, torch.device("cpu"))
+    _, critic = build_worker_models(policy, _cfg(), world, torch.device("cpu"))
     assert is_sharded(critic.model) and critic.mini_batch_size == 1
     piece = shard_batch(_batch(), world_size=world, mini_batch_rows=MINI_ROWS)[rank]
     before = critic_values(critic, piece)["values"]

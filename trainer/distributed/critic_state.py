@@ -1,8 +1,7 @@
 """PPO's value model on N trainer workers: build it sharded like the policy, run its two per-step calls,
 save and load its full training state.
 
-    critic = build_worker_critic(model, cfg, world_size, device)     # FSDP2: before the policy is sharded;
-                                                                     # Megatron: after the actor is built
+    actor, critic = build_worker_models(model, cfg, world_size, device)   # trainer/distributed/worker_actor.py
     values = critic_values(critic, piece)                            # [rows, R], this worker's rows
     metrics = critic_update(critic, piece, n)                        # critic/* (already summed over ranks)
     save_critic_state(critic, folder / CRITIC_FILE, rank)            # every rank; rank 0 writes
@@ -33,7 +32,6 @@ as the actor's, every rank's own state in one list (layout `megatron_tp<T>_pp1_e
 from __future__ import annotations
 
 import time
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +39,6 @@ import torch
 
 from trainer.backends.critic import Critic
 from trainer.components.batch import Batch
-from trainer.config import TrainerConfig
 from trainer.distributed.actor_state import (
     gather_full_state,
     gather_rank_states,
@@ -49,30 +46,8 @@ from trainer.distributed.actor_state import (
     scatter_full_state,
     scatter_rank_state,
 )
-from trainer.distributed.sharding import worker_actor_config
 
 CRITIC_FILE = "critic.pt"
-
-
-def build_worker_critic(policy: torch.nn.Module, cfg: TrainerConfig, world_size: int, device: torch.device) -> Critic:
-    """This rank's critic from the (unsharded) initial policy; FSDP2-sharded over the trainer group when N > 1.
-    Megatron: in the parallel groups the worker's `MegatronActor` made (call it after the actor)."""
-    from trainer.backends.fsdp import shard_model
-
-    if cfg.actor.strategy == "megatron":
-        from trainer.backends.megatron.critic import MegatronCritic
-        from trainer.distributed.worker_actor import data_parallel_size
-
-        actor_cfg = worker_actor_config(cfg.actor, data_parallel_size(cfg, world_size))
-        return MegatronCritic(policy, cfg.critic, megatron=cfg.actor.megatron, device=device,
-                              mini_batch_size=actor_cfg.ppo_mini_batch_size,
-                              micro_batch_size=actor_cfg.ppo_micro_batch_size_per_gpu, ppo_epochs=actor_cfg.ppo_epochs,
-                              loss_agg_mode=actor_cfg.loss_agg_mode, seed=cfg.trainer.seed)
-    actor_cfg = worker_actor_config(cfg.actor, world_size)
-    return Critic(policy, cfg.critic, device=device, mini_batch_size=actor_cfg.ppo_mini_batch_size,
-                  micro_batch_size=actor_cfg.ppo_micro_batch_size_per_gpu, ppo_epochs=actor_cfg.ppo_epochs,
-                  loss_agg_mode=actor_cfg.loss_agg_mode,
-                  shard=partial(shard_model, device=device) if world_size > 1 else None)
 
 
 def critic_values(critic: Critic, piece: Batch) -> dict[str, Any]:

@@ -42,13 +42,12 @@ from trainer.components.batch import Batch
 from trainer.config import TrainerConfig
 from trainer.distributed.critic_state import (
     CRITIC_FILE,
-    build_worker_critic,
     critic_update,
     critic_values,
     load_critic_state,
     save_critic_state,
 )
-from trainer.distributed.worker_actor import build_worker_actor
+from trainer.distributed.worker_actor import build_worker_models
 from trainer.errors import ConfigError
 
 # Engines a Ray worker can hold. All of them interrupt and continue a generation (fully-async
@@ -127,16 +126,8 @@ class TrainerWorker:
                                                  out_dir=cfg.trainer.out_dir if self.rank == 0 else None)
         # the frozen reference policy for the KL loss: a copy of the initial weights, laid out like the policy below
         ref = copy.deepcopy(model) if cfg.actor.use_kl_loss else None
-        # PPO's value model: a copy of the initial policy's body, sharded like the policy (critic_state.py);
-        # FSDP2: before the policy is sharded, Megatron: after the actor, in the parallel groups it makes
-        megatron = cfg.actor.strategy == "megatron"
-        self.critic = None
-        if cfg.critic.enable and not megatron:
-            self.critic = build_worker_critic(model, cfg, self.world_size, self.device)
-        # the policy: FSDP2 over all workers, or megatron-core's TP / EP / DP groups (worker_actor.py)
-        self.actor = build_worker_actor(model, cfg, self.world_size, self.device)
-        if cfg.critic.enable and megatron:
-            self.critic = build_worker_critic(model, cfg, self.world_size, self.device)
+        # the policy (FSDP2 over all workers, or megatron-core's TP / EP / DP groups) and PPO's value model
+        self.actor, self.critic = build_worker_models(model, cfg, self.world_size, self.device)
         self.ref = self.actor.reference_policy(ref) if ref is not None else None
         dp_rank, dp_size = self.actor.data_parallel()
         return {"rank": self.rank, "device": str(self.device), "load_s": time.perf_counter() - t0,

@@ -1,7 +1,7 @@
 """Which policy a Ray trainer worker builds (`actor.strategy`), and over which data-parallel layout.
 
     dp = data_parallel_size(cfg, world_size)         # how many pieces the driver cuts each batch into
-    actor = build_worker_actor(hf_model, cfg, world_size, device)
+    actor, critic = build_worker_models(hf_model, cfg, world_size, device)   # critic: None without critic.enable
     actor.data_parallel()                            # (this rank's piece, dp)
 
 `fsdp2`: the transformers model sharded with FSDP2 over all N workers (`trainer/backends/fsdp.py`),
@@ -22,6 +22,8 @@ from __future__ import annotations
 import torch
 
 from trainer.backends.actor import Actor
+from trainer.backends.build import build_actor_and_critic
+from trainer.backends.critic import Critic
 from trainer.config import TrainerConfig
 from trainer.distributed.sharding import worker_actor_config
 from trainer.errors import ConfigError
@@ -41,19 +43,10 @@ def data_parallel_size(cfg: TrainerConfig, world_size: int) -> int:
     return world_size // model_parallel
 
 
-def build_worker_actor(model: torch.nn.Module, cfg: TrainerConfig, world_size: int, device: torch.device) -> Actor:
+def build_worker_models(model: torch.nn.Module, cfg: TrainerConfig, world_size: int,
+                        device: torch.device) -> tuple[Actor, Critic | None]:
     """This worker's policy over `model` (the HF model, on CPU; the default process group joined when
-    `world_size > 1`). The mini-batch is divided by the data-parallel size."""
+    `world_size > 1`) and, with `critic.enable`, its critic (`trainer/backends/build.py`). The mini-batch
+    is divided by the data-parallel size."""
     actor_cfg = worker_actor_config(cfg.actor, data_parallel_size(cfg, world_size))
-    kw = {"temperature": cfg.rollout.temperature, "max_response_length": cfg.data.max_response_length, "device": device}
-    if cfg.actor.strategy == "megatron":
-        from trainer.backends.megatron.backend import MegatronActor
-
-        return MegatronActor.from_hf(model, actor_cfg, seed=cfg.trainer.seed, **kw)
-    if world_size > 1:
-        from trainer.backends.fsdp import shard_model
-
-        model = shard_model(model, device)
-    else:
-        model.to(device)
-    return Actor(model, actor_cfg, **kw)
+    return build_actor_and_critic(model, cfg, actor_cfg, device=device, shard=world_size > 1)

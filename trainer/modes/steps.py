@@ -17,6 +17,7 @@ import torch
 
 from trainer.algorithms.dapo import dynamic_sampling_keep, overlong_reward_penalty
 from trainer.backends.actor import Actor
+from trainer.backends.build import build_actor_and_critic
 from trainer.backends.critic import Critic
 from trainer.components.batch import Batch, batch_from_rollout, concat_batches
 from trainer.components.val_samples import sample_records, write_samples
@@ -94,30 +95,13 @@ def build_components(cfg: TrainerConfig, *, with_engine: bool = True) -> Compone
                             processor=processor)
     eos = eos_token_ids(tokenizer, model)
     ref = copy.deepcopy(model) if cfg.actor.use_kl_loss else None  # the initial weights; laid out below
-    critic = None
-    critic_kw = {"device": device, "mini_batch_size": cfg.actor.ppo_mini_batch_size,
-                 "micro_batch_size": cfg.actor.ppo_micro_batch_size_per_gpu, "ppo_epochs": cfg.actor.ppo_epochs,
-                 "loss_agg_mode": cfg.actor.loss_agg_mode}
-    if cfg.critic.enable and cfg.actor.strategy != "megatron":  # a copy of the body before the policy changes
-        critic = Critic(model, cfg.critic, **critic_kw)
     if cfg.model.gradient_checkpointing:
         model.gradient_checkpointing_enable()
-    model.to(device)
-    if cfg.actor.strategy == "megatron":  # megatron-core GPTModel, HF weights through mbridge
-        from trainer.backends.megatron.backend import MegatronActor
-
-        actor: Actor = MegatronActor.from_hf(model, cfg.actor, temperature=cfg.rollout.temperature,
-                                             max_response_length=cfg.data.max_response_length, device=device,
-                                             seed=cfg.trainer.seed)
-    else:
-        actor = Actor(model, cfg.actor, temperature=cfg.rollout.temperature,
-                      max_response_length=cfg.data.max_response_length, device=device)
+    model.to(device)  # the engine below samples from this model
+    # the policy and PPO's critic, by the backend actor.strategy names (trainer/backends/build.py)
+    actor, critic = build_actor_and_critic(model, cfg, cfg.actor, device=device, shard=False)
     if ref is not None:  # the KL loss's reference policy, in the policy's layout
         ref = actor.reference_policy(ref)
-    if cfg.critic.enable and cfg.actor.strategy == "megatron":  # in the actor's parallel groups, the initial weights
-        from trainer.backends.megatron.critic import MegatronCritic
-
-        critic = MegatronCritic(model, cfg.critic, megatron=cfg.actor.megatron, seed=cfg.trainer.seed, **critic_kw)
     engine = build_engine(cfg, model, tokenizer, eos, device) if with_engine else None
     if engine is not None and cfg.agent.enable:  # multi-turn tool use around the configured engine
         from trainer.agent.loop import AgentRolloutEngine
