@@ -35,6 +35,8 @@ from typing import Any
 
 from typing_extensions import Self
 
+from trainer.errors import RLBenchError
+
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 120_000  # a writer waits this long for another job's transaction to end
 
@@ -123,7 +125,7 @@ def _num(x: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-class StoreError(Exception):
+class StoreError(RLBenchError):
     """The store file cannot be opened or is not an rlbench store (message names the file and the fix)."""
 
 

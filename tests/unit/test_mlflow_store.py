@@ -54,7 +54,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
                              f"sqlite:///{tmp}/mlflow.db", "--default-artifact-root", str(tmp / "artifacts"),
                              "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            # no job runner: its nine huey consumers cost the 2-core machine half a minute at start
+                            env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 240  # a loaded 2-core CI machine can take minutes to import mlflow
     try:
@@ -178,6 +180,21 @@ def test_refusals(server: str, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["check", f"mlflow:{server}#0123456789abcdef", "--suite", SUITE, "--profile", "cpu", "--arch", "cpu"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and err.startswith("error: mlflow:")
+
+
+def test_check_with_an_unreachable_store_refuses_in_one_line_and_keeps_the_report(tmp_path: Path,
+                                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The store is written after the checks: a server that is down stops `rlbench check` with one
+    `error:` line naming the store and the fix (exit 2), and the run folder it wrote stays."""
+    down = f"mlflow:http://127.0.0.1:{_free_port()}"
+    rc = main(["check", str(LOG), "--suite", SUITE, "--profile", "cpu", "--arch", "cpu", "--out", str(tmp_path),
+               "--store", down])
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert rc == 2
+    server = down[len("mlflow:"):]
+    assert errors == [f"error: results store {down}#experiment=rlbench: cannot reach the MLflow tracking server at "
+                      + f"{server}; start it or fix --store / RLBENCH_STORE"]
+    assert list(tmp_path.rglob("report.html")) and list(tmp_path.rglob("checks.json"))
 
 
 def test_store_target_selects_mlflow() -> None:
