@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -296,3 +297,45 @@ def test_trend_charts_from_an_mlflow_history(server: str, tmp_path: Path) -> Non
     assert trace(fig, "value")["y"] == pytest.approx([0.8 + i / 100 for i in range(11)] + [0.85])
     assert trace(fig, "band lo")["y"] == [0.7] * 11 + [0.72] and trace(fig, "band hi")["y"] == [0.9] * 11 + [0.92]
     assert trace(fig, "untrusted")["x"] == [ids[3][:7], ids[7][:7]] and len(trace(fig, "trusted")["x"]) == 9
+
+
+def test_pytest_suites_writes_mlflow_runs_that_check_and_compare_read_back(server: str, tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`pytest suites/ --rlbench-logs DIR --rlbench-store mlflow:URI` (validating a user's verl log, twice: the
+    second log with a lower accuracy) writes one FINISHED MLflow run each; `rlbench check mlflow:URI#RUN_ID`
+    reads one back with the same verdicts, and `rlbench compare` sets the two side by side."""
+    from tests.helpers.verl_logs import write_qwen3_8b_grpo_log
+
+    experiment = "suites-e2e"
+    for name, kw in (("good", {}), ("worse", {"gsm8k_peak": 0.90})):
+        logs = tmp_path / name / "logs"
+        write_qwen3_8b_grpo_log(logs / SUITE / "full" / "colocated.jsonl", **kw)
+        res = subprocess.run([sys.executable, "-m", "pytest", "suites", "-q", "-p", "no:cacheprovider", "--arch", "gfx950",
+                              "--profile", "full", "-k", SUITE, "--rlbench-logs", str(logs),
+                              "--rlbench-out", str(tmp_path / name / "runs"),
+                              "--rlbench-store", f"mlflow:{server}#experiment={experiment}"],
+                             check=False, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert res.returncode in (0, 1), res.stdout[-2000:] + res.stderr[-2000:]
+    mc = MlflowClient(tracking_uri=server)
+    runs = mc.search_runs([mc.get_experiment_by_name(experiment).experiment_id], order_by=["attributes.start_time"])
+    assert [r.info.status for r in runs] == ["FINISHED", "FINISHED"]
+    assert {r.data.tags["rlbench.source"] for r in runs} == {"pytest"}
+    good, worse = (r.info.run_id for r in runs)
+    written = json.loads((tmp_path / "good" / "runs" / SUITE / "full" / "checks.json").read_text())
+    rc = main(["check", f"mlflow:{server}#{good}", "--suite", SUITE, "--profile", "full", "--arch", "gfx950",
+               "--out", str(tmp_path / "readback")])
+    assert rc == 0, capsys.readouterr().err
+    read = json.loads((tmp_path / "readback" / "checks.json").read_text())
+
+    def verdicts(doc: dict) -> list:
+        return sorted((r["check_id"], r["verdict"]) for r in doc["results"])
+
+    assert verdicts(read) == verdicts(written) and len(verdicts(read)) >= 10
+    out = tmp_path / "cmp.html"
+    assert main(["compare", f"mlflow:{server}#{good}", f"mlflow:{server}#{worse}", "--out", str(out)]) in (0, 1)
+    text = capsys.readouterr().out
+    # the planted accuracy drop: the GSM8K peak passes on A, fails on B, and the difference is B's lower peak
+    assert re.search(r"gsm8k/acc/mean@1:peak>=0.956\n\s+A pass 1/1 \(mean 0.95\d+\) \| B fail 1/1 \(mean 0.89\d+\) "
+                     r"\| B-A = -0.05", text), text
+    assert re.search(r"MATH/acc/mean@1:peak>=0.839\n\s+A pass 1/1 .* \| B pass 1/1 .* \| B-A = \+0", text), text
+    assert out.is_file() and "Plotly.newPlot" in out.read_text()
