@@ -190,3 +190,32 @@ def test_random_mutants_all_apply_and_parse(tmp_path):
         ast.parse(text)
         assert text != (TRAINER_DIR / m.file).read_text()
     assert len(files) >= 8
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_loss_witness_reads_k3_rounding_as_clean_and_a_small_live_kl_of_the_wrong_sign_as_wrong(seed):
+    """Zero advantages, the policy within ~1e-4 nats of the reference: the loss is the k3 term alone, ~1e-9,
+    and its float32 value is mostly rounding. Clean reads 0-ish; the wrong sign once the KL is ~1e-5 reads
+    large (on the real micro-batch, not the probe: the wrapper is not used here)."""
+    cfg = _loss_cfg(entropy_coeff=0.0)
+    g = torch.Generator().manual_seed(seed)
+    n, r = 8, 64
+    mask = torch.ones(n, r)
+    logp = -5 * torch.rand(n, r, generator=g)
+    counts = global_counts(mask)
+
+    def err(noise: float, sign: float) -> float:
+        ref = logp + noise * torch.randn(n, r, generator=g)
+        micro = _Micro(response_mask=mask, advantages=torch.zeros(n, r), old_logprobs=logp.clone(),
+                       ref_logprobs=ref, rollout_logprobs=logp.clone())
+        pg, _ = compute_policy_loss(micro.old_logprobs, logp, micro.advantages, mask, clip_ratio_low=0.2,
+                                    clip_ratio_high=0.28, clip_ratio_c=3.0, **counts)
+        kl = agg_loss(kl_penalty(logp, ref, "low_var_kl"), mask, "token-mean", **counts)
+        w = inv.LossWitness(cfg, horizon=r)
+        w._compare(pg + sign * 0.1 * kl, SimpleNamespace(stats={}), micro, logp, torch.zeros_like(logp), None,
+                   counts, micro.old_logprobs)
+        return w.metrics()["training/loss_witness_err"]
+
+    assert err(1e-4, 1.0) < 1e-6  # read ~1 before the rounding bound
+    assert err(1e-2, 1.0) < 1e-6
+    assert err(1e-2, -1.0) > 1.0  # a KL of the wrong sign: the gap is twice the term itself

@@ -10,7 +10,7 @@ own small formula, so that a bug in the checked code does not also corrupt its w
 | data | which dataset rows each step drew (row ids from the dataset, epochs of `N // batch` batches counted here) | `training/data_repeats_in_epoch`, `training/data_epoch_err` | 0 |
 | generation | each row ends at its first stop token or at max length, its finish reason says which, its mask covers exactly those tokens | `training/gen_stop_violations` | 0 |
 | optimizer | the AdamW update the config implies (lr with warmup, betas, eps, decoupled weight decay) from the step's gradients and the optimizer's moments before the step, in float64, vs the parameter change measured (sampled elements of every tensor); optimizer steps per update; gradients zero at each mini-batch's start; the post-clip norm | `training/optimizer_update_err`, `training/optimizer_steps_err`, `training/grad_stale_max`, `training/grad_clip_err` | see docs/metrics.md |
-| loss | the clipped objective, KL term (configured estimator, sign and anchor), entropy bonus and MoE aux term re-derived in float64 from the micro-batch's tensors, vs the loss back-propagated and the clip fraction logged; also on a probe (old and reference log-probs moved off the policy so that clipping and KL are live) | `training/loss_witness_err`, `training/clipfrac_witness_err` | ~1e-7, 0 |
+| loss | the clipped objective, KL term (configured estimator, sign and anchor), entropy bonus and MoE aux term re-derived in float64 from the micro-batch's tensors, vs the loss back-propagated (the gap beyond float32 rounding, relative to the terms' magnitudes) and the clip fraction logged; also on a probe (old and reference log-probs moved off the policy so that clipping and KL are live) | `training/loss_witness_err`, `training/clipfrac_witness_err` | 0 to ~1e-7, 0 |
 
 Tolerances and why: docs/metrics.md ("Mechanics invariants").
 """
@@ -296,11 +296,33 @@ def _kl(d: torch.Tensor, kind: str) -> torch.Tensor:
     return (log_r.exp() - log_r - 1.0).clamp(-10.0, 10.0)
 
 
+_FP32_EPS = float(torch.finfo(torch.float32).eps)
+
+
+def fp32_rounding(cfg, micro, scale: float, counts: dict[str, float], horizon: int) -> float:
+    """An upper bound on how far a float32 loss may sit from its float64 re-derivation by rounding alone.
+
+    Two parts: the float32 sums over the micro-batch's tokens, `eps * log2(tokens) * scale` (pairwise
+    summation's bound, relative to the terms' magnitudes); and the k3 estimator's cancellation,
+    `exp(-d) + d - 1` for `d` near 0 rounds to a few ulps of 1 per token whatever the KL's own size, so
+    `4 * eps * |kl_loss_coef|` per token, aggregated like the loss. Without the second part a batch whose
+    advantages are all zero and whose policy still equals the reference (the KL term ~1e-8, the loss
+    nothing but that rounding) reads as a relative error of 1e-2."""
+    mask = micro.response_mask.bool()
+    tokens = max(int(mask.sum()), 2)
+    bound = _FP32_EPS * math.log2(tokens) * scale
+    if cfg.use_kl_loss and cfg.kl_loss_type.removesuffix("+") in ("k3", "low_var_kl"):
+        units = torch.full(mask.shape, 4.0 * _FP32_EPS, dtype=torch.float64, device=mask.device)
+        bound += abs(cfg.kl_loss_coef) * float(_agg(units, mask, cfg.loss_agg_mode, counts, horizon))
+    return bound
+
+
 def expected_loss(cfg, micro, logp: torch.Tensor, entropy: torch.Tensor, routed, counts: dict[str, float],
                   horizon: int, old: torch.Tensor) -> tuple[float, float, float]:
     """`(loss, scale, clipped tokens / global tokens)` the configured objective gives for one micro-batch:
     PPO clip (clip-higher, dual clip), TIS weights, KL to the reference with the configured estimator and
-    sign, entropy bonus, MoE aux term; float64 after the fp32 ratio (so that the clip decisions are the same)."""
+    sign, entropy bonus, MoE aux term; float64 after the fp32 ratio (so that the clip decisions are the same).
+    `scale` is the sum of the terms' magnitudes, what a relative error is measured against."""
     mask = micro.response_mask.bool().to(logp.device)
     ratio = torch.exp((logp.detach().float() - old.float()).clamp(-20.0, 20.0)).double()
     a = micro.advantages.to(logp.device).double()
@@ -342,7 +364,9 @@ def probe_offsets(shape: tuple[int, int], amp: float, phase: float) -> torch.Ten
 class LossWitness:
     """Wraps a mini-batch's `loss_fn(micro, logp, entropy, routed) -> (loss, out)`: the loss and clip fraction
     it returns vs `expected_loss`, on the real micro-batch and (first micro-batch of each mini-batch) on a
-    probe whose old and reference log-probs are moved off the policy by a fixed pattern."""
+    probe whose old and reference log-probs are moved off the policy by a fixed pattern and whose advantages
+    are a fixed pattern of both signs (so that the clipped objective is live even on a batch where every
+    group scored alike, e.g. a random-init model's)."""
 
     def __init__(self, cfg, horizon: int) -> None:
         self.cfg, self.horizon = cfg, horizon
@@ -354,7 +378,8 @@ class LossWitness:
 
     def _compare(self, loss: torch.Tensor, out, micro, logp, entropy, routed, counts, old) -> None:
         want, scale, frac = expected_loss(self.cfg, micro, logp, entropy, routed, counts, self.horizon, old)
-        self.loss_err = max(self.loss_err, abs(float(loss.detach()) - want) / max(scale, 1e-12))
+        beyond = abs(float(loss.detach()) - want) - fp32_rounding(self.cfg, micro, scale, counts, self.horizon)
+        self.loss_err = max(self.loss_err, max(beyond, 0.0) / max(scale, 1e-12))
         got = out.stats.get("actor/pg_clipfrac")
         if got is not None:  # in tokens: clipped-token count / global tokens, times global tokens
             self.clip_err = max(self.clip_err, abs(float(got) - frac) * counts["global_num_tokens"])
@@ -372,7 +397,8 @@ class LossWitness:
                 lp = logp.detach()
                 shape = tuple(lp.shape)
                 probe = replace(micro, old_logprobs=lp + probe_offsets(shape, 0.6, 0.3).to(lp),
-                                ref_logprobs=lp + probe_offsets(shape, 0.5, 1.9).to(lp))
+                                ref_logprobs=lp + probe_offsets(shape, 0.5, 1.9).to(lp),
+                                advantages=probe_offsets(shape, 1.0, 0.7).to(lp))
                 with torch.no_grad():
                     p_loss, p_out = probe_fn(probe, lp, entropy.detach(), routed)
                 self._compare(p_loss, p_out, probe, lp, entropy, routed, counts, probe.old_logprobs)
