@@ -311,12 +311,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
     suite = find_suite(args.suite) if args.suite else None
     if suite is not None and args.profile is None:
         raise ConfigError("--suite given without --profile: say which profile the logs ran (e.g. --profile mini)")
-    if args.arch is not None:
-        validate_arch(args.arch, suite)
-    kw: dict[str, Any] = {"suite": suite, "profile": args.profile, "arch": args.arch or "cpu",
-                          "device": args.device or ""}
-    a = load_side(args.a, args.label_a or side_name(args.a), **kw)
-    b = load_side(args.b, args.label_b or side_name(args.b), **kw)
+    for arch in (args.arch, args.arch_b):
+        if arch is not None:
+            validate_arch(arch, suite)
+    if (args.arch_b is not None or args.device_b is not None) and suite is None:
+        raise ConfigError("--arch-b/--device-b given without --suite: they say what side B's logs ran on, which "
+                          "only matters when the logs are checked against a suite here")
+    arch_a, device_a = args.arch or "cpu", args.device or ""
+    a = load_side(args.a, args.label_a or side_name(args.a), suite=suite, profile=args.profile, arch=arch_a,
+                  device=device_a)
+    b = load_side(args.b, args.label_b or side_name(args.b), suite=suite, profile=args.profile,
+                  arch=args.arch_b or arch_a, device=device_a if args.device_b is None else args.device_b)
     rows = compare_sides(a, b)
     print(text_table(a, b, rows))
     out = render_compare(args.out, a, b, rows, title=f"rlbench compare: {a.name} vs {b.name}")
@@ -448,6 +453,10 @@ def build_parser() -> argparse.ArgumentParser:
     cp.add_argument("--profile", choices=PROFILE_NAMES, help="with --suite: the profile the logs ran")
     cp.add_argument("--arch", help="with --suite: the arch the logs ran on (default cpu)")
     cp.add_argument("--device", help="with --suite: the board the logs ran on, e.g. MI300X")
+    cp.add_argument("--arch-b", help="with --suite: side B's arch when it differs from A's (default: --arch), e.g. "
+                    "gfx942 against gfx950; each side's logs are checked against its own arch's references")
+    cp.add_argument("--device-b", help="with --suite: side B's board when it differs from A's (default: --device), "
+                    "e.g. --device MI300X --device-b H20")
     cp.add_argument("--label-a", help="name of side A (default: its folder name)")
     cp.add_argument("--label-b", help="name of side B (default: its folder name)")
     cp.add_argument("--out", default="compare.html", help="the HTML page (default compare.html)")

@@ -4,6 +4,8 @@ each checked metric overlaid on one HTML page.
 
     rlbench compare runs/a/SUITE/cpu runs/b/SUITE/cpu                  # two run folders (checks.json)
     rlbench compare seedsA/ seedsB/ --suite SUITE --profile mini --arch sm_90 --device H200 --out cmp.html
+    rlbench compare mi300x/ h20/ --suite SUITE --profile full --arch gfx942 --device MI300X \
+        --arch-b sm_90 --device-b H20          # two boards: each side checked against its own references
 
 A side is a run folder (`checks.json` as `rlbench run` / `rlbench check` write it: its seeds, and
 the logs it read), a folder of logs (`<mode>.jsonl`, `<mode>_metrics.jsonl` or `<mode>/metrics.jsonl`,
@@ -30,7 +32,6 @@ import math
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -59,6 +60,7 @@ class SeedRun:
 class Side:
     name: str
     runs: list[SeedRun] = field(default_factory=list)
+    checked_as: str = ""  # "arch gfx942, device MI300X" when its logs were checked here against a suite
 
 
 @dataclass
@@ -177,6 +179,8 @@ def load_side(path: str | Path, name: str, *, suite: Suite | None = None, profil
             side.runs += _from_checks(folder)
         elif logs := _log_files(folder):
             side.runs.append(_from_logs(folder, logs, suite, profile, arch, device))
+    if suite is not None and any(_log_files(f) and not (f / "checks.json").is_file() for f in folders):
+        side.checked_as = f"arch {arch}" + (f", device {device}" if device else "")
     if not side.runs:
         raise ConfigError(f"{p}: no checks.json and no <mode>.jsonl / <mode>_metrics.jsonl / <mode>/metrics.jsonl "
                           "in it or its sub-folders; point at a run folder or a folder of logs")
@@ -222,7 +226,9 @@ def compare_sides(a: Side, b: Side) -> list[Row]:
         kind = kind_of(metric)
         va, vb = vals
         if not va or not vb:
-            stmt = "n/a (no value on " + ("A" if not va else "B") + ")"
+            tag, rs = ("A", per[0]) if not va else ("B", per[1])
+            evaluated = [r for r in rs if r is not None and r.verdict != "skip"]
+            stmt = f"n/a (no value on {tag})" if evaluated else f"n/a (not evaluated on {tag}: not its arch or board)"
         elif kind == "speed":
             ma, mb = float(np.mean(va)), float(np.mean(vb))
             stmt = f"B/A = {mb / ma:.3f}x" if ma else "n/a (A is 0)"
@@ -256,8 +262,8 @@ def _mean(v: list[float]) -> str:
 
 
 def text_table(a: Side, b: Side, rows: list[Row]) -> str:
-    head = [f"A: {a.name} ({len(a.runs)} run(s): {', '.join(r.label for r in a.runs)})",
-            f"B: {b.name} ({len(b.runs)} run(s): {', '.join(r.label for r in b.runs)})"]
+    head = [f"{tag}: {s.name} ({len(s.runs)} run(s): {', '.join(r.label for r in s.runs)})"
+            + (f"; checked as {s.checked_as}" if s.checked_as else "") for tag, s in (("A", a), ("B", b))]
     lines = [f"{r.check_id}\n    A {r.verdicts[0]} (mean {_mean(r.values[0])}) | B {r.verdicts[1]} "
              f"(mean {_mean(r.values[1])}) | {r.statement}" for r in rows]
     return "\n".join(head + lines)
@@ -273,8 +279,9 @@ def render_compare(out: str | Path, a: Side, b: Side, rows: list[Row], title: st
         f"</td><td>{_badges(r.verdicts[1])}</td><td>{esc(_mean(r.values[1]))}</td><td>{esc(r.statement)}</td></tr>"
         for r in rows)
     body = [f"<h1>{esc(title)}</h1>",
-            (f"<p><b>A</b>: {esc(a.name)}: {esc(', '.join(r.label for r in a.runs))}<br><b>B</b>: {esc(b.name)}: "
-             f"{esc(', '.join(r.label for r in b.runs))}</p>"),
+            "<p>" + "<br>".join(f"<b>{tag}</b>: {esc(s.name)}: {esc(', '.join(r.label for r in s.runs))}"
+                                + (f" (checked as {esc(s.checked_as)})" if s.checked_as else "")
+                                for tag, s in (("A", a), ("B", b))) + "</p>",
             ("<p class=\"note\">Speed-like metrics: ratio of the means B/A. Others: B-A of the means with a Welch 95% "
              "interval over seeds (t with Welch-Satterthwaite degrees of freedom; needs 2 seeds a side).</p>"),
             ("<table><thead><tr><th>check</th><th>A verdicts</th><th>A mean</th><th>B verdicts</th><th>B mean</th>"
@@ -306,6 +313,3 @@ def side_name(path: str) -> str:
         return path.rpartition("#")[2]
     return Path(path).name or str(path)
 
-
-def load_pair(a: str, b: str, **kw: Any) -> tuple[Side, Side]:
-    return load_side(a, side_name(a), **kw), load_side(b, side_name(b), **kw)

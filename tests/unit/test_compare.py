@@ -74,3 +74,31 @@ def test_a_folder_without_runs_is_refused(tmp_path: Path, capsys: pytest.Capture
     assert "no checks.json and no <mode>.jsonl" in capsys.readouterr().err
     assert main(["compare", str(RUNS / "r512_seed0"), str(RUNS / "r768_seed0")]) == 2
     assert "give --suite and --profile" in capsys.readouterr().err
+
+
+def test_two_boards_each_checked_against_its_own_references(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The DAPO suite's full profile states step times for MI300X (gfx942) and for the upstream H20 run (sm_90):
+    with --arch-b/--device-b each side's logs meet their own board's references. Logs generated here."""
+    import json
+
+    for side, steps in (("mi300x", {"colocated": 394.0, "fully_async": 219.0}),
+                        ("h20", {"colocated": 790.0, "fully_async": 450.0})):
+        (tmp_path / side).mkdir()
+        for mode, step_s in steps.items():
+            rows = [{"step": s, "data": {"timing_s/step": step_s, "perf/throughput": 1e5 / step_s}} for s in range(1, 65)]
+            (tmp_path / side / f"{mode}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["--suite", "verl_dapo_qwen25_math_7b_fully_async_gfx942", "--profile", "full", "--arch", "gfx942",
+            "--device", "MI300X", "--arch-b", "sm_90", "--device-b", "H20", "--out", str(tmp_path / "c.html")]
+    assert main(["compare", str(tmp_path / "mi300x"), str(tmp_path / "h20"), *args]) == 0
+    text = capsys.readouterr().out
+    assert "A: mi300x (1 run(s): mi300x); checked as arch gfx942, device MI300X" in text
+    assert "B: h20 (1 run(s): h20); checked as arch sm_90, device H20" in text
+    mi300x = text.split("timing_s/step:median[1:64]~=394@colocated\n")[1].splitlines()[0]
+    h20 = text.split("timing_s/step:mean~=790.1@colocated\n")[1].splitlines()[0]
+    assert mi300x.startswith("    A pass 1/1") and "not evaluated on B" in mi300x, mi300x
+    assert "| B pass 1/1" in h20 and "not evaluated on A" in h20, h20
+    assert "timing_s/step:mean~=294.77@fully_async\n    A - (mean -) | B fail 1/1" in text  # 450 s vs H20's 294.77
+    line = text.split("perf/throughput:median@colocated\n")[1].splitlines()[0]
+    assert "B/A = 0.499x" in line
+    assert main(["compare", str(tmp_path / "mi300x"), str(tmp_path / "h20"), "--arch-b", "sm_90"]) == 2
+    assert "--arch-b/--device-b given without --suite" in capsys.readouterr().err
