@@ -1,0 +1,83 @@
+"""Mechanics invariants on clean runs: each suite's cpu profile, its first N steps per (mode, seed), and the
+suite's `training/*` invariant checks evaluated on it: how many passed, and any false alarm.
+
+    python tools/invariant_clean_runs.py --suite miles_grpo_qwen3_30b_a3b_gfx942 --seeds 3 --steps 2
+    python tools/invariant_clean_runs.py --suite verl_geo3k_qwen35_35b_a3b_moe_gfx950 --mode fully_async --seeds 3
+
+The runs are `rlbench run SUITE --profile cpu --mode MODE --seeds K --set trainer.total_steps=N` (the profile's
+first K seeds) in a folder under --work; the rows (one per run) are appended to --table (markdown) with the machine,
+so that runs made on different days read as what they are. An invariant is an `each` check on every step, so a
+prefix of the run settles it exactly as the whole run would; the learning and golden checks are not read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_seeds(suite: str, mode: str, seeds: int, steps: int, work: Path) -> list[dict]:
+    out = work / f"{suite}.{mode}"
+    cmd = [sys.executable, "-m", "rlbench", "run", suite, "--profile", "cpu", "--mode", mode, "--arch", "cpu",
+           "--seeds", str(seeds), "--out", str(out), "--set", f"trainer.total_steps={steps}"]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True)
+    wall = (time.perf_counter() - t0) / seeds
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "run.log").write_text(proc.stdout + proc.stderr)
+    checks = out / suite / "cpu" / "checks.json"
+    if not checks.is_file():
+        return [{"suite": suite, "mode": mode, "seed": "all", "crashed": f"exit {proc.returncode}", "wall_s": wall}]
+    results = json.loads(checks.read_text())["results"]
+    rows = []
+    for seed in dict.fromkeys(r["seed"] for r in results):
+        inv = [r for r in results if r["seed"] == seed and r["metric"].startswith("training/") and r["verdict"] != "skip"]
+        worst = {m: max((r["actual"] for r in inv if r["metric"] == m and r["actual"] is not None), default=None)
+                 for m in ("training/optimizer_update_err", "training/loss_witness_err")}
+        rows.append({"suite": suite, "mode": mode, "seed": seed, "crashed": None, "wall_s": wall,
+                     "passed": sum(r["verdict"] == "pass" for r in inv),
+                     "false_alarms": [r["check_id"] for r in inv if r["verdict"] != "pass"], "worst": worst})
+    return rows
+
+
+def row(r: dict) -> str:
+    if r["crashed"]:
+        return f"| {r['suite']} | {r['mode']} | {r['seed']} | - | CRASHED ({r['crashed']}) | - | - | {r['wall_s']:.0f} |"
+    w = r["worst"]
+    fmt = lambda v: "-" if v is None else f"{v:.3g}"
+    alarms = ", ".join(r["false_alarms"]) or "0"
+    return (f"| {r['suite']} | {r['mode']} | {r['seed']} | {r['passed']} | {alarms} | "
+            f"{fmt(w['training/optimizer_update_err'])} | {fmt(w['training/loss_witness_err'])} | {r['wall_s']:.0f} |")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--suite", required=True)
+    ap.add_argument("--mode", default="colocated")
+    ap.add_argument("--seeds", type=int, default=3, help="the profile's first K seeds")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--work", default="runs/invariant_clean")
+    ap.add_argument("--table", default=None, help="markdown file to append the rows to")
+    args = ap.parse_args(argv)
+    from trainer.platform.env import collect_env
+
+    env = collect_env()
+    rows = run_seeds(args.suite, args.mode, args.seeds, args.steps, Path(args.work))
+    print("\n".join(map(row, rows)), flush=True)
+    if args.table:
+        stamp = (f"<!-- {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {env.get('hostname')}, "
+                 f"{env.get('cpu_count')} CPUs, torch {env['versions'].get('torch')}, commit "
+                 f"{(env.get('git') or {}).get('commit', '?')[:10]}, first {args.steps} steps -->")
+        with open(args.table, "a") as f:
+            f.write("\n".join([stamp, *map(row, rows)]) + "\n")
+    return 1 if any(r["crashed"] or r["false_alarms"] for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
