@@ -13,7 +13,6 @@ prefix of the run settles it exactly as the whole run would; the learning and go
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -22,27 +21,40 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_seeds(suite: str, mode: str, seeds: int, steps: int, work: Path) -> list[dict]:
-    out = work / f"{suite}.{mode}"
-    cmd = [sys.executable, "-m", "rlbench", "run", suite, "--profile", "cpu", "--mode", mode, "--arch", "cpu",
-           "--seeds", str(seeds), "--out", str(out), "--set", f"trainer.total_steps={steps}"]
+def run_seeds(suite_id: str, mode: str, seeds: int, steps: int, work: Path, evaluate_only: bool) -> list[dict]:
+    from rlbench.checks.evaluate import evaluate
+    from rlbench.ingest.load import load_metrics
+    from rlbench.run.runner import find_suite, resolved_config
+    from rlbench.selftest.run import prefix_checks
+
+    out = work / f"{suite_id}.{mode}"
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True)
+    if not evaluate_only:
+        cmd = [sys.executable, "-m", "rlbench", "run", suite_id, "--profile", "cpu", "--mode", mode, "--arch", "cpu",
+               "--seeds", str(seeds), "--out", str(out), "--set", f"trainer.total_steps={steps}"]
+        proc = subprocess.run(cmd, check=False, cwd=ROOT, capture_output=True, text=True)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "run.log").write_text(proc.stdout + proc.stderr)
     wall = (time.perf_counter() - t0) / seeds
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "run.log").write_text(proc.stdout + proc.stderr)
-    checks = out / suite / "cpu" / "checks.json"
-    if not checks.is_file():
-        return [{"suite": suite, "mode": mode, "seed": "all", "crashed": f"exit {proc.returncode}", "wall_s": wall}]
-    results = json.loads(checks.read_text())["results"]
+    suite = find_suite(suite_id)
+    checked = prefix_checks(suite, steps)  # the references the first `steps` steps settle as the whole run would
     rows = []
-    for seed in dict.fromkeys(r["seed"] for r in results):
-        inv = [r for r in results if r["seed"] == seed and r["metric"].startswith("training/") and r["verdict"] != "skip"]
-        worst = {m: max((r["actual"] for r in inv if r["metric"] == m and r["actual"] is not None), default=None)
+    for seed in suite.profile("cpu").seeds[:seeds]:
+        log = out / suite_id / "cpu" / mode / (f"seed{seed}" if seeds > 1 else "") / "metrics.jsonl"
+        if not log.is_file():
+            rows.append({"suite": suite_id, "mode": mode, "seed": seed, "crashed": f"no {log}", "wall_s": wall})
+            continue
+        engine = str((resolved_config(suite, "cpu", mode, seed, log.parent, []).get("rollout") or {}).get("engine") or "hf")
+        frame = load_metrics(log).frame
+        results = evaluate(checked, "cpu", {mode: frame}, arch="cpu", device_name="cpu", steps=steps,
+                           engines={mode: engine})
+        inv = [r for r in results if r.metric.startswith("training/") and r.verdict != "skip" and r.run == mode]
+        worst = {m: float(frame[m].max()) if m in frame else None
                  for m in ("training/optimizer_update_err", "training/loss_witness_err")}
-        rows.append({"suite": suite, "mode": mode, "seed": seed, "crashed": None, "wall_s": wall,
-                     "passed": sum(r["verdict"] == "pass" for r in inv),
-                     "false_alarms": [r["check_id"] for r in inv if r["verdict"] != "pass"], "worst": worst})
+        rows.append({"suite": suite_id, "mode": mode, "seed": seed, "crashed": None, "wall_s": wall,
+                     "passed": sum(r.verdict == "pass" for r in inv),
+                     "false_alarms": [f"{r.check_id} ({r.verdict})" for r in inv if r.verdict != "pass"],
+                     "worst": worst})
     return rows
 
 
@@ -64,11 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--work", default="runs/invariant_clean")
     ap.add_argument("--table", default=None, help="markdown file to append the rows to")
+    ap.add_argument("--evaluate-only", action="store_true", help="train nothing; evaluate the runs in --work")
     args = ap.parse_args(argv)
     from trainer.platform.env import collect_env
 
     env = collect_env()
-    rows = run_seeds(args.suite, args.mode, args.seeds, args.steps, Path(args.work))
+    rows = run_seeds(args.suite, args.mode, args.seeds, args.steps, Path(args.work), args.evaluate_only)
     print("\n".join(map(row, rows)), flush=True)
     if args.table:
         stamp = (f"<!-- {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC, {env.get('hostname')}, "
