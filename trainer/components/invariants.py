@@ -10,7 +10,7 @@ own small formula, so that a bug in the checked code does not also corrupt its w
 | data | which dataset rows each step drew (row ids from the dataset, epochs of `N // batch` batches counted here) | `training/data_repeats_in_epoch`, `training/data_epoch_err` | 0 |
 | generation | each row ends at its first stop token or at max length, its finish reason says which, its mask covers exactly those tokens | `training/gen_stop_violations` | 0 |
 | optimizer | the AdamW update the config implies (lr with warmup, betas, eps, decoupled weight decay) from the step's gradients and the optimizer's moments before the step, in float64, vs the parameter change measured (sampled elements of every tensor); optimizer steps per update; gradients zero at each mini-batch's start; the post-clip norm | `training/optimizer_update_err`, `training/optimizer_steps_err`, `training/grad_stale_max`, `training/grad_clip_err` | see docs/metrics.md |
-| loss | the clipped objective, KL term (configured estimator, sign and anchor), entropy bonus and MoE aux term re-derived in float64 from the micro-batch's tensors, vs the loss back-propagated (the gap beyond float32 rounding, relative to the terms' magnitudes) and the clip fraction logged; also on a probe (old and reference log-probs moved off the policy so that clipping and KL are live) | `training/loss_witness_err`, `training/clipfrac_witness_err` | 0 to ~1e-7, 0 |
+| loss | the clipped objective, KL term (configured estimator, sign and anchor), entropy bonus and MoE aux term re-derived in float64 from the micro-batch's tensors, vs the loss back-propagated (the gap beyond float32 rounding, relative to the terms' magnitudes) and the clip fraction logged; also on a probe (old and reference log-probs moved off the policy, advantages of both signs, so that clipping and KL are live) | `training/loss_witness_err`, `training/clipfrac_witness_err` | 0 to ~1e-7, 0 |
 
 Tolerances and why: docs/metrics.md ("Mechanics invariants").
 """
@@ -307,7 +307,7 @@ def fp32_rounding(cfg, micro, scale: float, counts: dict[str, float], horizon: i
     `exp(-d) + d - 1` for `d` near 0 rounds to a few ulps of 1 per token whatever the KL's own size, so
     `4 * eps * |kl_loss_coef|` per token, aggregated like the loss. Without the second part a batch whose
     advantages are all zero and whose policy still equals the reference (the KL term ~1e-8, the loss
-    nothing but that rounding) reads as a relative error of 1e-2."""
+    nothing but that rounding) reads as a relative error of 1e-2 to 1."""
     mask = micro.response_mask.bool()
     tokens = max(int(mask.sum()), 2)
     bound = _FP32_EPS * math.log2(tokens) * scale
