@@ -179,8 +179,7 @@ def load_side(path: str | Path, name: str, *, suite: Suite | None = None, profil
             side.runs += _from_checks(folder)
         elif logs := _log_files(folder):
             side.runs.append(_from_logs(folder, logs, suite, profile, arch, device))
-    if suite is not None and any(_log_files(f) and not (f / "checks.json").is_file() for f in folders):
-        side.checked_as = f"arch {arch}" + (f", device {device}" if device else "")
+            side.checked_as = f"arch {arch}" + (f", device {device}" if device else "")
     if not side.runs:
         raise ConfigError(f"{p}: no checks.json and no <mode>.jsonl / <mode>_metrics.jsonl / <mode>/metrics.jsonl "
                           "in it or its sub-folders; point at a run folder or a folder of logs")
