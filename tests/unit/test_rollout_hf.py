@@ -37,6 +37,22 @@ def test_shapes_groups_and_logprobs_match_trainer(tiny):
         assert diff < 1e-5, (share, diff)
 
 
+def test_identical_rows_prefilled_once_decode_as_if_each_had_its_own(tiny):
+    """A prompt's samples share one prefill whose cache is copied to each row: interleaved copies of two
+    prompts (of different lengths, so the padding differs) decode greedily exactly as each prompt alone."""
+    model, tok = tiny
+    eng = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=[], seed=0)
+    p, q = _prompts(tok)
+    greedy = SamplingParams(greedy=True, max_new_tokens=6)
+    alone = {name: eng.decode_rows([row], [6], greedy, None) for name, row in (("p", p), ("q", q))}
+    toks, logps, finish = eng.decode_rows([p, q, p, p, q], [6, 6, 3, 6, 6], greedy, None)
+    for i, name in enumerate("pqppq"):
+        n = 3 if i == 2 else 6  # a row's own budget still holds after its cache was copied
+        assert toks[i] == alone[name][0][0][:n]
+        assert logps[i] == pytest.approx(alone[name][1][0][:n], abs=1e-5)
+    assert finish == ["length"] * 5
+
+
 def test_greedy_is_deterministic_and_topk1_equals_greedy(tiny):
     model, tok = tiny
     eng = HFRolloutEngine(model, pad_token_id=tok.pad_token_id, eos_token_ids=[tok.eos_token_id], seed=0)
