@@ -8,6 +8,7 @@
     rlbench check --suite verl_geo3k_qwen35_35b_a3b_moe_gfx950 --arch gfx950 \\
         --run colocated=coloc/metrics.jsonl --run fully_async=async/metrics.jsonl
     rlbench golden verl_grpo_qwen3_8b_sglang_gfx950 --profile cpu --seeds 3
+    rlbench golden SUITE --profile cpu --seeds 8 --extend --band prediction   # more seeds for a recorded file
     rlbench compare runs/a/SUITE/cpu runs/b/SUITE/cpu --out compare.html   # two runs or seed sets side by side
     rlbench compare mlflow:http://host:5000#RUN_A mlflow:http://host:5000#RUN_B    # two runs of an MLflow store
     rlbench selftest                       # planted trainer bugs x the checks that catch them (rlbench/selftest/run.py)
@@ -261,6 +262,9 @@ def cmd_golden(args: argparse.Namespace) -> int:
                           f"add one with kind: golden, profiles: [{args.profile}], stats: [...]")
     env, arch = _env(args.arch)
     out_dir = Path(args.golden_dir) if args.golden_dir else default_dir(suite, refs[0])
+    if args.reband and args.extend:
+        raise ConfigError("--reband and --extend: --reband re-derives bands without runs, --extend trains new "
+                          "seeds and re-derives them too (fix: give one of the two)")
     if args.reband:  # the recorded per-seed values, new bands; no runs
         path = golden_path(suite, args.profile, arch, out_dir)
         if not path.is_file():
@@ -270,6 +274,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
             print(f"{key}: {entry['mean']:.4g} +- {entry['tol']:.3g} (was +- {entry['tol_before']:.3g})")
         print(f"golden bands of {path} re-derived by rule {args.band}")
         return 0
+    if args.extend:
+        return _golden_extend(args, suite, env, arch, out_dir)
     seeds = seed_list(suite, args.profile, args.seeds or len(suite.profile(args.profile).seeds))
     runs = train_profile(suite, args.profile, args.out, seeds=seeds, sets=args.set)
     prov = provenance(suite, args.profile, seeds, env, args.set)
@@ -281,6 +287,44 @@ def cmd_golden(args: argparse.Namespace) -> int:
     for key, entry in doc.get("values", {}).items():
         print(f"{key}: {entry.get('mean'):.4g} +- {entry.get('tol'):.3g}")
     print(f"golden values for {suite.id} [{args.profile}] on {arch} over seeds {seeds}: {path}")
+    return 0
+
+
+def _golden_extend(args: argparse.Namespace, suite: Suite, env: dict[str, Any], arch: str, out_dir: Path) -> int:
+    """`rlbench golden --extend`: train the seeds the file lacks, and its first recorded seed again as a witness
+    that the code path has not changed (rlbench/checks/golden.py: extend_golden)."""
+    from rlbench.checks.golden import extend_golden, golden_path, witness_drift
+    from rlbench.run.runner import provenance, seed_list, train_profile
+
+    path = golden_path(suite, args.profile, arch, out_dir)
+    if not path.is_file():
+        raise ConfigError(f"--extend: {path} does not exist (fix: record it first, without --extend)")
+    recorded_prov = json.loads(path.read_text()).get("provenance", {})
+    recorded = list(recorded_prov.get("seeds") or [])
+    if not recorded:
+        raise ConfigError(f"--extend: {path}: provenance.seeds is empty; re-record it without --extend")
+    if list(recorded_prov.get("overrides") or []) != list(args.set):
+        raise ConfigError(f"--extend: {path} was recorded with --set {recorded_prov.get('overrides') or '(none)'}, "
+                          f"this call gives {args.set or '(none)'} (fix: the same --set options, in order)")
+    if not args.seeds:
+        raise ConfigError(f"--extend: give --seeds N, the number of seeds the file should hold (has {len(recorded)})")
+    new = [s for s in seed_list(suite, args.profile, args.seeds) if s not in recorded]
+    if not new:
+        raise ConfigError(f"--extend --seeds {args.seeds}: {path} holds seeds {recorded} already "
+                          "(fix: a larger --seeds)")
+    witness = recorded[0]  # trained first: a changed code path stops the extension before the new seeds train
+    wruns = train_profile(suite, args.profile, Path(args.out) / "witness", seeds=[witness], sets=args.set)
+    witness_drift(path, json.loads(path.read_text()), suite, args.profile, witness, wruns.frames(witness))
+    runs = train_profile(suite, args.profile, args.out, seeds=new, sets=args.set)
+    prov = provenance(suite, args.profile, new, env, args.set)
+    prov.update({"arch": arch, "device": env.get("device_name") or "cpu", "versions": env.get("versions"),
+                 "python": env.get("python"), "platform": env.get("platform")})
+    doc = extend_golden(path, suite, args.profile, (witness, wruns.frames(witness)),
+                        {s: runs.frames(s) for s in new}, prov, band=args.band, false_alarm=args.false_alarm)
+    for key, entry in doc["values"].items():
+        print(f"{key}: {entry['mean']:.4g} +- {entry['tol']:.3g} (was +- {entry['tol_before']:.3g})")
+    print(f"golden values of {path}: seeds {doc['provenance']['seeds']} (witness seed {witness} agreed within "
+          f"{doc['provenance']['recordings'][-1]['witness_max_drift_of_band']:.2%} of its bands)")
     return 0
 
 
@@ -422,6 +466,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="band prediction: the chance that a clean run fails any statistic of the file")
     g.add_argument("--reband", action="store_true",
                    help="re-derive the recorded file's bands from its per-seed values by --band; no runs")
+    g.add_argument("--extend", action="store_true", help=(
+        "add seeds to the recorded file up to --seeds N: trains the seeds it lacks, and its first seed again as "
+        "a witness that must match its recorded values (else nothing is written)"))
     g.set_defaults(func=cmd_golden)
 
     st = sub.add_parser("selftest", help="plant known bugs in a copy of the trainer; which checks catch them")

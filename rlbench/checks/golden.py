@@ -172,6 +172,81 @@ def record_golden(suite: Suite, profile: str, arch: str, runs_by_seed: list[dict
     return path
 
 
+WITNESS_FRACTION = 0.01
+
+
+def witness_drift(path: Path, doc: dict[str, Any], suite: Suite, profile: str, wseed: int,
+                  wruns: dict[str, pd.DataFrame]) -> tuple[dict[str, tuple[GoldenStat, str]], dict[str, float]]:
+    """Each statistic of the recorded seed `wseed` trained again (`wruns`) against its recorded value, as a
+    fraction of the statistic's band half-width; DataError naming the statistic when one is over
+    WITNESS_FRACTION (see extend_golden). Returns the file's statistics and the drifts."""
+    values, prov = doc["values"], doc.get("provenance", {})
+    recorded = list(prov.get("seeds") or [])
+    if wseed not in recorded:
+        raise DataError(f"{path}: witness seed {wseed} is not one of its recorded seeds {recorded}")
+    wi = recorded.index(wseed)
+    stats = {stat_key(gs, mode): (gs, mode) for ref in golden_refs(suite, profile) for gs in ref.stats
+             for mode in gs.modes or suite.profile(profile).modes}
+    if set(stats) != set(values):
+        raise DataError(f"{path}: its statistics ({', '.join(sorted(values))}) are not the suite's golden "
+                        f"statistics ({', '.join(sorted(stats))}); re-record every seed without --extend")
+    drift = {}
+    for key, (gs, mode) in stats.items():
+        entry = values[key]
+        now = _seed_value(wruns, gs, mode, 0, suite.id)
+        drift[key] = abs(now - entry["per_seed"][wi]) / entry["tol"]
+        if drift[key] > WITNESS_FRACTION:
+            raise DataError(
+                f"{path}: witness seed {wseed} {key} = {now:.6g} now, {entry['per_seed'][wi]:.6g} when recorded "
+                f"(commit {str(prov.get('commit'))[:10]}): {drift[key]:.1%} of the band's half-width, over "
+                f"{WITNESS_FRACTION:.0%}; the code path changed since: re-record every seed without --extend")
+    return stats, drift
+
+
+def extend_golden(path: str | Path, suite: Suite, profile: str, witness: tuple[int, dict[str, pd.DataFrame]],
+                  new_runs: dict[int, dict[str, pd.DataFrame]], provenance: dict[str, Any], *, band: str,
+                  false_alarm: float = DEFAULT_FALSE_ALARM) -> dict[str, Any]:
+    """Add seeds to a recorded golden file without training its seeds again; rewrites the file, returns it.
+
+    `witness` is one already-recorded seed trained again now: each statistic of it must equal its recorded
+    value within WITNESS_FRACTION of that statistic's band half-width (1%: a drift that small cannot move the
+    mean or the spread the band is set from by more than it moves by sampling one more seed), else the code path
+    changed since the recording and the seeds of two code versions would be mixed: DataError, nothing written.
+    `new_runs` maps each new seed to its runs. Bands are re-derived over all seeds by rule `band`; the
+    earlier recording's provenance is kept under `provenance.recordings`."""
+    path = Path(path)
+    doc = json.loads(path.read_text())
+    values = doc["values"]
+    old_prov = doc.get("provenance", {})
+    recorded = list(old_prov.get("seeds") or [])
+    wseed, wruns = witness
+    clash = sorted(set(new_runs) & set(recorded))
+    if clash:
+        raise DataError(f"{path}: seeds {clash} are recorded already; extend with seeds it does not have")
+    stats, drift = witness_drift(path, doc, suite, profile, wseed, wruns)
+    seeds = recorded + sorted(new_runs)
+    for key, (gs, mode) in stats.items():
+        entry = values[key]
+        entry["per_seed"] = entry["per_seed"] + [_seed_value(new_runs[s], gs, mode, seeds.index(s), suite.id)
+                                                 for s in sorted(new_runs)]
+        x = np.asarray(entry["per_seed"], dtype=float)
+        entry["mean"] = float(x.mean())
+        entry["spread"] = float(np.abs(x - entry["mean"]).max())
+        entry["tol_before"] = entry["tol"]
+        entry["tol"] = band_tolerance(entry["per_seed"], band, num_stats=len(values), false_alarm=false_alarm,
+                                      safety_factor=doc.get("safety_factor", DEFAULT_SAFETY_FACTOR),
+                                      floor_abs=doc.get("floor_abs", DEFAULT_FLOOR_ABS),
+                                      floor_rel=doc.get("floor_rel", DEFAULT_FLOOR_REL))
+    earlier = old_prov.pop("recordings", None) or [old_prov]
+    doc["provenance"] = {**provenance, "seeds": seeds, "recordings": earlier + [{
+        **provenance, "seeds": sorted(new_runs), "witness_seed": wseed,
+        "witness_max_drift_of_band": max(drift.values())}]}
+    doc["num_seeds"] = len(seeds)
+    doc["band"] = band_doc(band, false_alarm)
+    path.write_text(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    return doc
+
+
 def _seed_value(runs: dict[str, pd.DataFrame], gs: GoldenStat, mode: str, seed_idx: int, suite_id: str) -> float:
     if mode not in runs:
         raise DataError(f"record_golden {suite_id}: seed #{seed_idx} has no run for mode {mode} "

@@ -311,6 +311,23 @@ def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert (tmp_path / SUITE / "cpu" / "colocated" / "seed1" / "metrics.jsonl").is_file()
     assert "golden values for" in capsys.readouterr().out
 
+    # --extend to 4 seeds: seed 0 trains again as the witness (same log: drift 0), seeds 2 and 3 are added
+    extend = ["golden", SUITE, "--profile", "cpu", "--arch", "cpu", "--seeds", "4", "--golden-dir", str(gdir),
+              "--set", "trainer.total_steps=11", "--extend", "--band", "prediction"]
+    assert cli.main([*extend, "--out", str(tmp_path / "ext")]) == 0
+    doc = json.loads((gdir / f"{SUITE}.cpu.cpu.json").read_text())
+    entry = doc["values"]["colocated:critic/score/mean:mean_last[4]"]
+    assert entry["per_seed"] == pytest.approx([0.54, 0.55, 0.56, 0.57]) and entry["tol_before"] == pytest.approx(0.015)
+    assert doc["provenance"]["seeds"] == [0, 1, 2, 3] and doc["band"] == {"rule": "prediction", "false_alarm": 0.05}
+    assert doc["provenance"]["recordings"][-1]["witness_max_drift_of_band"] == 0.0
+    assert "witness seed 0 agreed within 0.00% of its bands" in capsys.readouterr().out
+    # a different --set than the recording's, or a count it holds already: one line, nothing trained
+    assert cli.main([*extend[:-5], "--out", str(tmp_path / "x"), "--extend"]) == 2
+    assert "was recorded with --set ['trainer.total_steps=11'], this call gives (none)" in capsys.readouterr().err
+    assert cli.main([*extend, "--out", str(tmp_path / "x")]) == 2
+    assert "holds seeds [0, 1, 2, 3] already (fix: a larger --seeds)" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
 
 def test_check_one_log_of_a_two_mode_profile_skips_the_other_mode(tmp_path: Path,
                                                                    capsys: pytest.CaptureFixture[str]) -> None:

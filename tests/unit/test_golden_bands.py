@@ -1,5 +1,6 @@
 """Golden band rules (rlbench/checks/golden.py): the prediction band holds its stated false-alarm rate, the
-implied rate inverts it, and a file re-banded from its per-seed values keeps them and names its rule."""
+implied rate inverts it, a file re-banded from its per-seed values keeps them and names its rule, and a file
+extended by new seeds keeps its seeds only when a witness seed still reproduces them."""
 
 from __future__ import annotations
 
@@ -8,11 +9,13 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from rlbench.checks import bands
-from rlbench.checks.golden import band_tolerance, implied_false_alarm, reband
-from trainer.errors import ConfigError
+from rlbench.checks.golden import band_tolerance, extend_golden, implied_false_alarm, reband
+from rlbench.run.runner import find_suite
+from trainer.errors import ConfigError, DataError
 
 GOLDEN = Path(__file__).resolve().parents[2] / "reports" / "golden"
 
@@ -68,3 +71,48 @@ def test_bands_table_lists_every_recorded_statistic():
     rows = [ln for ln in text.splitlines() if ln.count(" | `") == 1]  # one row per statistic
     want = sum(len(json.loads(p.read_text())["values"]) for p in GOLDEN.glob("*.json"))
     assert len(rows) == want > 0
+
+
+def _frames(first: float, last: float, length: float) -> dict[str, pd.DataFrame]:
+    """A GRPO cpu-profile run (8 steps) whose golden statistics are `first` / `last` (4-step means of the
+    score) and `length` (the mean response length)."""
+    score = [first] * 4 + [last] * 4
+    return {"colocated": pd.DataFrame({"critic/score/mean": score, "response_length/mean": [length] * 8},
+                                      index=pd.Index(range(1, 9), name="step"))}
+
+
+def _witness_frames(doc: dict, drift_of_band: float = 0.0) -> dict[str, pd.DataFrame]:
+    v = {k.split(":", 2)[2]: e for k, e in doc["values"].items()}
+    first, last, length = (v[k]["per_seed"][0] for k in ("mean_first[4]", "mean_last[4]", "mean"))
+    return _frames(first + drift_of_band * v["mean_first[4]"]["tol"], last, length)
+
+
+def test_extend_adds_seeds_after_a_witness_matches_and_refuses_a_moved_code_path(tmp_path: Path):
+    """--extend keeps the recorded seeds, appends the new ones, re-derives every band over all of them, and keeps
+    both recordings' provenance; a witness 5% of a band away from its recorded value (a changed code path)
+    writes nothing and says so."""
+    suite = find_suite("verl_grpo_qwen3_8b_sglang_gfx950")
+    path = tmp_path / "verl_grpo_qwen3_8b_sglang_gfx950.cpu.cpu.json"
+    shutil.copy(GOLDEN / path.name, path)
+    before = json.loads(path.read_text())
+    text = path.read_text()
+    with pytest.raises(DataError, match=r"witness seed 0 colocated:critic/score/mean:mean_first\[4\] = .* 5\.0% of "
+                                        r"the band's half-width, over 1%; the code path changed since"):
+        extend_golden(path, suite, "cpu", (0, _witness_frames(before, 0.05)), {5: _frames(0.5, 0.7, 13.0)},
+                      {"commit": "new"}, band="prediction")
+    assert path.read_text() == text
+    with pytest.raises(DataError, match=r"seeds \[4\] are recorded already"):
+        extend_golden(path, suite, "cpu", (0, _witness_frames(before)), {4: _frames(0.5, 0.7, 13.0)},
+                      {"commit": "new"}, band="prediction")
+    new = {5: _frames(0.5, 0.7, 13.0), 6: _frames(0.4, 0.8, 14.0)}
+    doc = extend_golden(path, suite, "cpu", (0, _witness_frames(before, 0.005)), new, {"commit": "new"},
+                        band="prediction", false_alarm=0.05)
+    assert doc == json.loads(path.read_text()) and doc["num_seeds"] == 7
+    assert doc["provenance"]["seeds"] == [0, 1, 2, 3, 4, 5, 6]
+    first, second = doc["provenance"]["recordings"]
+    assert first["commit"] == before["provenance"]["commit"] and second["seeds"] == [5, 6]
+    assert second["witness_seed"] == 0 and second["witness_max_drift_of_band"] == pytest.approx(0.005)
+    e = doc["values"]["colocated:critic/score/mean:mean_last[4]"]
+    assert e["per_seed"] == before["values"]["colocated:critic/score/mean:mean_last[4]"]["per_seed"] + [0.7, 0.8]
+    assert e["mean"] == pytest.approx(np.mean(e["per_seed"]))
+    assert e["tol"] == pytest.approx(band_tolerance(e["per_seed"], "prediction", num_stats=3, false_alarm=0.05))
