@@ -252,7 +252,14 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_golden(args: argparse.Namespace) -> int:
-    from rlbench.checks.golden import default_dir, golden_path, golden_refs, reband, record_golden
+    from rlbench.checks.golden import (
+        DEFAULT_FALSE_ALARM,
+        default_dir,
+        golden_path,
+        golden_refs,
+        reband,
+        record_golden,
+    )
     from rlbench.run.runner import find_suite, provenance, seed_list, train_profile
 
     suite = find_suite(args.suite)
@@ -269,10 +276,10 @@ def cmd_golden(args: argparse.Namespace) -> int:
         path = golden_path(suite, args.profile, arch, out_dir)
         if not path.is_file():
             raise ConfigError(f"--reband: {path} does not exist (fix: record it first, without --reband)")
-        doc = reband(path, args.band, false_alarm=args.false_alarm)
+        doc = reband(path, args.band or "max_dev", false_alarm=args.false_alarm or DEFAULT_FALSE_ALARM)
         for key, entry in doc["values"].items():
             print(f"{key}: {entry['mean']:.4g} +- {entry['tol']:.3g} (was +- {entry['tol_before']:.3g})")
-        print(f"golden bands of {path} re-derived by rule {args.band}")
+        print(f"golden bands of {path} re-derived by rule {args.band or 'max_dev'}")
         return 0
     if args.extend:
         return _golden_extend(args, suite, env, arch, out_dir)
@@ -281,8 +288,8 @@ def cmd_golden(args: argparse.Namespace) -> int:
     prov = provenance(suite, args.profile, seeds, env, args.set)
     prov.update({"arch": arch, "device": env.get("device_name") or "cpu", "versions": env.get("versions"),
                  "python": env.get("python"), "platform": env.get("platform")})
-    path = record_golden(suite, args.profile, arch, [runs.frames(s) for s in seeds], prov, out_dir, band=args.band,
-                         false_alarm=args.false_alarm)
+    path = record_golden(suite, args.profile, arch, [runs.frames(s) for s in seeds], prov, out_dir,
+                         band=args.band or "max_dev", false_alarm=args.false_alarm or DEFAULT_FALSE_ALARM)
     doc = json.loads(path.read_text())
     for key, entry in doc.get("values", {}).items():
         print(f"{key}: {entry.get('mean'):.4g} +- {entry.get('tol'):.3g}")
@@ -293,13 +300,16 @@ def cmd_golden(args: argparse.Namespace) -> int:
 def _golden_extend(args: argparse.Namespace, suite: Suite, env: dict[str, Any], arch: str, out_dir: Path) -> int:
     """`rlbench golden --extend`: train the seeds the file lacks, and its first recorded seed again as a witness
     that the code path has not changed (rlbench/checks/golden.py: extend_golden)."""
-    from rlbench.checks.golden import extend_golden, golden_path, witness_drift
+    from rlbench.checks.golden import DEFAULT_FALSE_ALARM, extend_golden, golden_path, witness_drift
     from rlbench.run.runner import provenance, seed_list, train_profile
 
     path = golden_path(suite, args.profile, arch, out_dir)
     if not path.is_file():
         raise ConfigError(f"--extend: {path} does not exist (fix: record it first, without --extend)")
-    recorded_prov = json.loads(path.read_text()).get("provenance", {})
+    recorded_doc = json.loads(path.read_text())
+    recorded_prov = recorded_doc.get("provenance", {})
+    band = recorded_doc.get("band", {"rule": "max_dev"})  # the file's own rule, unless --band / --false-alarm
+    band = {"rule": args.band or band["rule"], "false_alarm": args.false_alarm or band.get("false_alarm")}
     recorded = list(recorded_prov.get("seeds") or [])
     if not recorded:
         raise ConfigError(f"--extend: {path}: provenance.seeds is empty; re-record it without --extend")
@@ -320,7 +330,8 @@ def _golden_extend(args: argparse.Namespace, suite: Suite, env: dict[str, Any], 
     prov.update({"arch": arch, "device": env.get("device_name") or "cpu", "versions": env.get("versions"),
                  "python": env.get("python"), "platform": env.get("platform")})
     doc = extend_golden(path, suite, args.profile, (witness, wruns.frames(witness)),
-                        {s: runs.frames(s) for s in new}, prov, band=args.band, false_alarm=args.false_alarm)
+                        {s: runs.frames(s) for s in new}, prov, band=band["rule"],
+                        false_alarm=band["false_alarm"] or DEFAULT_FALSE_ALARM)
     for key, entry in doc["values"].items():
         print(f"{key}: {entry['mean']:.4g} +- {entry['tol']:.3g} (was +- {entry['tol_before']:.3g})")
     print(f"golden values of {path}: seeds {doc['provenance']['seeds']} (witness seed {witness} agreed within "
@@ -459,11 +470,13 @@ def build_parser() -> argparse.ArgumentParser:
     common_run(g, "cpu")
     g.add_argument("--seeds", type=int, help="number of seeds (default: the profile's seeds)")
     g.add_argument("--golden-dir", help="where golden files go (default: the reference's golden_dir)")
-    g.add_argument("--band", choices=["max_dev", "prediction"], default="max_dev", help=(
-        "band rule: max_dev (3x the largest seed deviation) or prediction (a prediction interval for one new run "
-        "at --false-alarm over the file's statistics); rlbench/checks/golden.py"))
-    g.add_argument("--false-alarm", type=float, default=0.05,
-                   help="band prediction: the chance that a clean run fails any statistic of the file")
+    g.add_argument("--band", choices=["max_dev", "prediction"], help=(
+        "band rule: max_dev (3x the largest seed deviation; the default) or prediction (a prediction interval for "
+        "one new run at --false-alarm over the file's statistics); with --extend, the file's rule by default; "
+        "rlbench/checks/golden.py"))
+    g.add_argument("--false-alarm", type=float, help=(
+        "band prediction: the chance that a clean run fails any statistic of the file (default 0.05; with "
+        "--extend, the file's)"))
     g.add_argument("--reband", action="store_true",
                    help="re-derive the recorded file's bands from its per-seed values by --band; no runs")
     g.add_argument("--extend", action="store_true", help=(

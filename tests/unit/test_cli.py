@@ -327,6 +327,10 @@ def test_golden_records_over_seeds(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     assert cli.main([*extend, "--out", str(tmp_path / "x")]) == 2
     assert "holds seeds [0, 1, 2, 3] already (fix: a larger --seeds)" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    # without --band, an extension keeps the file's rule and rate
+    assert cli.main([*extend[:-2], "--seeds", "5", "--out", str(tmp_path / "ext5")]) == 0
+    doc = json.loads((gdir / f"{SUITE}.cpu.cpu.json").read_text())
+    assert doc["num_seeds"] == 5 and doc["band"] == {"rule": "prediction", "false_alarm": 0.05}
 
 
 def test_check_one_log_of_a_two_mode_profile_skips_the_other_mode(tmp_path: Path,
