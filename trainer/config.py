@@ -106,7 +106,7 @@ class DataConfig(_Section):
 
 # Options `rollout.engine_kwargs` may give the static engine (trainer/rollout/static.py reads exactly these).
 STATIC_ENGINE_KWARGS: tuple[str, ...] = ("cuda_graphs", "batch_buckets", "prompt_bucket", "check_every", "max_slots",
-                                         "free_on_sleep", "compile_decode", "compile_backend")
+                                         "free_on_sleep", "compile_decode", "compile_backend", "moe_decode")
 
 
 class RolloutConfig(_Section):

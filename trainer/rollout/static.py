@@ -6,9 +6,10 @@ the weights once plus each row's KV cache; everything else is overhead. This eng
 
 - runs its own forward for Llama-family decoders (Qwen2, Qwen3, Llama, SmolLM2: RMSNorm, rotary,
   grouped-query attention, SwiGLU) over the transformers module's own parameter tensors; in a
-  mixture of experts (Qwen3-MoE, Mixtral) a sparse layer's MLP is transformers' own MoE block
-  (router + experts, called as a module, eager even under `compile_decode`; its `grouped_mm`
-  experts kernel keeps the step capturable: no host sync);
+  mixture of experts (Qwen3-MoE, Mixtral) a sparse layer's MLP is, in prefill, transformers' own MoE
+  block (router + experts, called as a module; its `grouped_mm` experts kernel keeps the step capturable:
+  no host sync) and, in the decode step on CUDA, the fused Triton block of trainer/ops/moe_decode.py
+  (`moe_decode` below); both eager even under `compile_decode`;
 - keeps the KV cache in one preallocated tensor `[L, 2, B, H_kv, S, D]` per (batch bucket B,
   length S) so every decode step has the same shapes and addresses;
 - on CUDA captures one decode step (embed -> layers -> LM head -> sampling -> log-prob -> stop
@@ -18,6 +19,14 @@ the weights once plus each row's KV cache; everything else is overhead. This eng
 - fuses Q/K/V and gate/up projections into one matrix each. The fused matrices own the storage
   and the module's `q_proj.weight` etc. become views into them, so `update_weights` (an in-place
   copy into the module parameters) updates the fused weights for free.
+
+`moe_decode` (engine_kwargs): how a sparse layer's MLP runs in the decode step. `fused` is this project's
+Triton block (trainer/ops/moe_decode.py: route, group the (row, expert) pairs, one grouped GEMM for gate/up
+with SiLU * up fused, one for down with the routing weight fused, each expert's weights read once per step);
+`module` is transformers' block, called as a module. Default: `fused` on CUDA where every MoE layer is a
+family that file supports (Qwen3-MoE, Mixtral) and triton imports, else `module`; asking for `fused` where
+it cannot run is an error that says why. Prefill always runs transformers' block (thousands of rows suit its
+grouped GEMM), so does every CPU run.
 
 `compile_decode` (engine_kwargs, default off) runs the decode step's dense math through
 `torch.compile(dynamic=False, fullgraph=True)` so inductor fuses the elementwise work (RMSNorm casts,
@@ -87,6 +96,7 @@ class _Layer:
     moe: torch.nn.Module | None  # the MoE layer's sparse block, [B, T, H] -> [B, T, H] (None in a dense one)
     q_norm: torch.Tensor | None  # [D] (Qwen3)
     k_norm: torch.Tensor | None  # [D] (Qwen3)
+    moe_fused: Any = None  # its trainer.ops.moe_decode.MoeSpec when decode runs the fused block (moe_decode=fused)
 
 
 @dataclass
@@ -260,6 +270,7 @@ class StaticRolloutEngine(InterruptibleEngine):
         self._fns: _Fns = _EAGER  # the decode step's dense math
         self._compiled: _Fns | None = None  # torch.compile wrappers, made on first use
         self._build()
+        self.moe_decode: str | None = self._pick_moe_decode(opts.get("moe_decode"))  # None: no MoE layer
         self._params = dict(self.model.named_parameters())
         self._slots: OrderedDict[tuple[int, int, int], _Slot] = OrderedDict()  # least recently used first
 
@@ -302,6 +313,29 @@ class StaticRolloutEngine(InterruptibleEngine):
                 q_norm=a.q_norm.weight if hasattr(a, "q_norm") else None,
                 k_norm=a.k_norm.weight if hasattr(a, "k_norm") else None))
 
+    def _pick_moe_decode(self, asked: str | None) -> str | None:
+        """`fused` or `module` for the MoE layers' decode (see the module docstring); sets `_Layer.moe_fused`."""
+        moe = [lw.moe for lw in self.layers if lw.moe is not None]
+        if asked not in (None, "fused", "module"):
+            raise ModelError(f"rollout.engine_kwargs.moe_decode={asked!r}: not one of fused, module "
+                             "(fix: drop it for the default, or pick one)")
+        if not moe or asked == "module":
+            return "module" if moe else None
+        if self.device.type != "cuda":
+            why = f"the engine runs on {self.device.type}"
+        else:
+            from trainer.ops import moe_decode as fused  # triton and CUDA only: never imported on a CPU run
+
+            why = next((r for r in map(fused.unsupported_reason, moe) if r is not None), None)
+        if why is not None:
+            if asked == "fused":
+                raise ModelError(f"rollout.engine_kwargs.moe_decode=fused: {why} (fix: moe_decode=module, or drop it)")
+            return "module"
+        for lw in self.layers:
+            if lw.moe is not None:
+                lw.moe_fused = fused.spec_of(lw.moe)
+        return "fused"
+
     def _prefill(self, slot: _Slot, ids: torch.Tensor, attn: torch.Tensor, temperature: float
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill cache columns [0, P) from left-padded prompts `ids` [B, P]; last-position scaled logits, log-probs."""
@@ -323,10 +357,16 @@ class StaticRolloutEngine(InterruptibleEngine):
             x = self._post_attn(post_attn, x, o.transpose(1, 2).reshape(b, p, -1), lw)
         return lm_logprobs(x[:, -1], self.final_norm, self.lm_head, self.eps, temperature)  # [B, V] each
 
-    def _post_attn(self, dense: Callable[..., torch.Tensor], x: torch.Tensor, o: torch.Tensor, lw: _Layer
-                   ) -> torch.Tensor:
-        """Output projection and MLP of one layer: `dense` (post_attn, eager or compiled), or the MoE block's."""
+    def _post_attn(self, dense: Callable[..., torch.Tensor], x: torch.Tensor, o: torch.Tensor, lw: _Layer,
+                   decode: bool = False) -> torch.Tensor:
+        """Output projection and MLP of one layer: `dense` (post_attn, eager or compiled), or the MoE block's
+        (in a decode step the fused one, when `moe_decode` is `fused`)."""
         if lw.moe is not None:
+            if decode and lw.moe_fused is not None:
+                from trainer.ops.moe_decode import moe_decode
+
+                x = x + F.linear(o, lw.w_o)
+                return x + moe_decode(rms_norm(x, lw.ln2, self.eps), lw.moe_fused)
             return post_attn_moe(x, o, lw.w_o, lw.ln2, lw.moe, self.eps)
         return dense(x, o, lw.w_o, lw.ln2, lw.w_gu, lw.w_down, self.eps)
 
@@ -366,7 +406,7 @@ class StaticRolloutEngine(InterruptibleEngine):
             vc.index_copy_(2, slot.col, v)
             qg = q.reshape(b, self.n_kv, group, self.head_dim)  # the group's query heads share one KV head
             o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask, scale=self.scale)  # [B, nkv, g, D]
-            x = self._post_attn(fns.post_attn, x, o.reshape(b, 1, -1), lw)
+            x = self._post_attn(fns.post_attn, x, o.reshape(b, 1, -1), lw, decode=True)
         temperature = 1.0 if params.greedy else float(params.temperature)
         tok, logp = self._sample(*fns.head(x[:, 0], self.final_norm, self.lm_head, self.eps, temperature), params)
         slot.out_tokens.index_copy_(1, slot.t, tok[:, None])
