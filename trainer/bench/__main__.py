@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grpo-steps", type=int, default=4)
     ap.add_argument("--grpo-modes", default="bf16,bf16_params+compile+compile_decode", help=(
         "this trainer's variants in the grpo section, comma-separated: bf16, bf16_params or none, optionally "
-        "followed by +compile (actor.compile) and/or +compile_decode (static engine option)"))
+        "followed by +compile (actor.compile), +compile_decode (static engine option) and/or +hf_moe (the engine's "
+        "moe_decode=module: transformers' MoE block in the decode step instead of the fused Triton one)"))
     ap.add_argument("--grpo-chunk", type=int, default=4096, help="actor.logprob_chunk_size in the grpo section")
     ap.add_argument("--grpo-shape", default=None, help="model of the grpo section (default: --rollout-shape), "
                     "e.g. qwen3-30b-a3b-l4 (Qwen3-30B-A3B's width, 4 layers)")
@@ -102,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         raise ConfigError(f"trainer.bench: unknown section(s) {bad} (fix: choose from {', '.join(SECTIONS)})")
     train_modes = [parse_mode(m, "--train-modes", {"compile"}) for m in args.train_modes.split(",")]
-    grpo_modes = [parse_mode(m, "--grpo-modes", {"compile", "compile_decode"}) for m in args.grpo_modes.split(",")]
+    grpo_modes = [parse_mode(m, "--grpo-modes", {"compile", "compile_decode", "hf_moe"})
+                  for m in args.grpo_modes.split(",")]
     decode_modes = tuple(args.decode_modes.split(","))
     if not set(decode_modes) <= {"eager", "compiled"}:
         raise ConfigError(f"trainer.bench --decode-modes: {args.decode_modes!r} (fix: eager, compiled or eager,compiled)")
@@ -179,10 +181,11 @@ def main(argv: list[str] | None = None) -> int:
                   steps=args.grpo_steps)
         ours = []
         for prec, extras in [] if args.no_rlbench else grpo_modes:
-            tag = grpo_step.mode_tag(prec, "compile" in extras, "compile_decode" in extras)
+            tag = grpo_step.mode_tag(prec, "compile" in extras, "compile_decode" in extras, "hf_moe" in extras)
             r = run(f"grpo_rlbench_{tag.replace('+', '_')}", lambda: grpo_step.ours(
                 shape, mixed_precision=prec, chunk=args.grpo_chunk, compile_actor="compile" in extras,
-                compile_decode="compile_decode" in extras, **kw))
+                compile_decode="compile_decode" in extras, moe_decode="module" if "hf_moe" in extras else None,
+                **kw))
             if r:
                 ours.append(r)
         b = None if args.no_trl else run("grpo_trl", lambda: grpo_step.trl(shape, **kw))

@@ -13,8 +13,9 @@ weights) -> padded batch -> GRPO advantages -> actor update (fp32 master weights
 engine's log-probs as the old policy (`rollout.log_prob_source: rollout`).
 
 Mixture-of-experts shapes (`shape:qwen3-30b-a3b-l4`: Qwen3-30B-A3B's width, 4 layers) run the same
-step on both sides; the static engine decodes the MoE layers through transformers' MoE block
-(trainer/rollout/static.py). On CPU (tests/unit/test_bench_grpo_moe.py) the same functions run
+step on both sides; the static engine decodes the MoE layers through its fused Triton block on CUDA
+(trainer/ops/moe_decode.py; mode `+hf_moe`: transformers' MoE block, as before) and prefills them
+through transformers' block (trainer/rollout/static.py). On CPU (tests/unit/test_bench_grpo_moe.py) the same functions run
 without a device sync, and peak memory reads NaN.
 """
 
@@ -39,10 +40,11 @@ from trainer.rollout.base import SamplingParams
 
 def ours(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: int, device: torch.device,
          steps: int = 5, warmup: int = 1, micro: int = 32, mixed_precision: str = "bf16", chunk: int = 1024,
-         compile_actor: bool = False, compile_decode: bool = False) -> dict[str, Any]:
+         compile_actor: bool = False, compile_decode: bool = False, moe_decode: str | None = None
+         ) -> dict[str, Any]:
     """This trainer's step; `mixed_precision` / `chunk` / `compile_actor` are the actor's
     `mixed_precision` / `logprob_chunk_size` / `compile` (fp32 master weights in every mode),
-    `compile_decode` the static engine's option of that name."""
+    `compile_decode` and `moe_decode` the static engine's options of those names (None: its default)."""
     from trainer.rollout.static import StaticRolloutEngine
 
     model = shape_model(shape, "float32", device)
@@ -50,7 +52,8 @@ def ours(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: i
                        mixed_precision=mixed_precision, logprob_chunk_size=chunk, compile=compile_actor)
     actor = Actor(model, acfg, temperature=1.0, max_response_length=new_tokens, device=device)
     engine = StaticRolloutEngine(model, pad_token_id=0, eos_token_ids=[], dtype=torch.bfloat16, device=device,
-                                 prompt_bucket=prompt_len, compile_decode=compile_decode)
+                                 prompt_bucket=prompt_len, compile_decode=compile_decode,
+                                 **({} if moe_decode is None else {"moe_decode": moe_decode}))
     params = SamplingParams(n=n, temperature=1.0, max_new_tokens=new_tokens)
     rng = random.Random(0)
     times: list[float] = []
@@ -91,7 +94,8 @@ def ours(shape: str, *, num_prompts: int, n: int, prompt_len: int, new_tokens: i
                           "completion_tokens": sum(map(len, roll.response_ids))})
     med = statistics.median(times)
     completion = num_prompts * n * new_tokens
-    out = {"side": "rlbench", "mode": mode_tag(mixed_precision, compile_actor, compile_decode), "chunk": chunk,
+    out = {"side": "rlbench", "mode": mode_tag(mixed_precision, compile_actor, compile_decode, moe_decode == "module"),
+           "moe_decode": engine.moe_decode, "chunk": chunk,
            "median_step_s": med, "completion_tok_s": completion / med, "times_s": times,
            **{k: statistics.median(p[k] for p in parts) for k in ("gen_s", "update_s", "sync_s", "mfu_actor")},
            "warmup_s": warmup_s, "parts": parts, "graph_capture_s": engine.compile_s, "graph_error": engine.graph_error,
@@ -109,9 +113,11 @@ def peak_mem_gib(device: torch.device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else float("nan")
 
 
-def mode_tag(mixed_precision: str, compile_actor: bool, compile_decode: bool) -> str:
-    """`bf16_params+compile+compile_decode`-style name of one variant of this trainer's step."""
-    return "+".join([mixed_precision] + ["compile"] * compile_actor + ["compile_decode"] * compile_decode)
+def mode_tag(mixed_precision: str, compile_actor: bool, compile_decode: bool, hf_moe: bool = False) -> str:
+    """`bf16_params+compile+compile_decode`-style name of one variant of this trainer's step (`+hf_moe`: the
+    engine's moe_decode=module, transformers' MoE block in the decode step)."""
+    return "+".join([mixed_precision] + ["compile"] * compile_actor + ["compile_decode"] * compile_decode
+                    + ["hf_moe"] * hf_moe)
 
 
 def _wide_tokenizer(vocab: int) -> Any:
