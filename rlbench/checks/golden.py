@@ -199,7 +199,8 @@ def witness_drift(path: Path, doc: dict[str, Any], suite: Suite, profile: str, w
             raise DataError(
                 f"{path}: witness seed {wseed} {key} = {now:.6g} now, {entry['per_seed'][wi]:.6g} when recorded "
                 f"(commit {str(prov.get('commit'))[:10]}): {drift[key]:.1%} of the band's half-width, over "
-                f"{WITNESS_FRACTION:.0%}; the code path changed since: re-record every seed without --extend")
+                f"{WITNESS_FRACTION:.0%}; the code path changed since, or the run does not reproduce itself (a "
+                f"timing-dependent mode): re-record every seed without --extend")
     return stats, drift
 
 
