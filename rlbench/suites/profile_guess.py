@@ -8,8 +8,9 @@ The shape of a profile: its `steps`, the sequences per step (`data.train_batch_s
 from the resolved trainer config) and the response-length cap (`data.max_response_length`).
 The shape of a log: its last step; sequences per step = `perf/total_num_tokens /
 (prompt_length/mean + response_length/mean)` (median over steps; verl and the trainer log all
-three); the longest response (`response_length/max`). A signal the log lacks is not used. A
-profile matches when every available signal agrees: last step equal to `steps`, sequences per
+three; not where `num_turns/mean` exceeds 1: a multi-turn step's token count holds the tool observations,
+which neither length counts); the longest response (`response_length/max`). A signal the log lacks is not
+used. A profile matches when every available signal agrees: last step equal to `steps`, sequences per
 step within 5%, no response longer than the cap.
 """
 
@@ -46,7 +47,8 @@ def log_shape(frame: pd.DataFrame) -> Shape:
     steps = int(frame.index.max()) if len(frame.index) else None
     seqs = None
     cols = ("perf/total_num_tokens", "prompt_length/mean", "response_length/mean")
-    if all(c in frame.columns for c in cols):
+    multi_turn = "num_turns/mean" in frame.columns and bool((frame["num_turns/mean"] > 1).any())
+    if all(c in frame.columns for c in cols) and not multi_turn:
         per = frame[cols[0]] / (frame[cols[1]] + frame[cols[2]])
         per = per[np.isfinite(per) & (per > 0)]
         seqs = float(per.median()) if len(per) else None

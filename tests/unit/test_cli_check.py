@@ -130,6 +130,23 @@ def test_plain_shape_mismatch_is_warned_with_the_hint(tmp_path: Path, capsys) ->
     assert "it looks like profile mini: pass --profile mini" in err
 
 
+def test_multi_turn_log_is_not_read_as_more_sequences(tmp_path: Path, capsys) -> None:
+    """A tool-use step's token count holds the observations too: 16 sequences of 50 + 56 model tokens and 16
+    observation tokens read as 18.4 sequences; with num_turns/mean above 1 that signal is not used."""
+    recs = [{"step": t, "data": {"critic/score/mean": 0.5, "prompt_length/mean": 50.0, "response_length/mean": 56.0,
+                                 "response_length/max": 80.0, "num_turns/mean": 3.7,
+                                 "perf/total_num_tokens": 16 * (50.0 + 56.0 + 16.0)}} for t in range(1, 6)]
+    log = _write_records(tmp_path / "retool.jsonl", recs)
+    retool = ["--suite", "miles_retool_qwen25_32b_gfx942", "--profile", "cpu", "--arch", "cpu", "--mode", "colocated"]
+    _, _, err = _main(["check", str(log), *retool, "--out", str(tmp_path / "o")], capsys)
+    assert "golden" in err + (tmp_path / "o" / "checks.json").read_text()  # the checks ran
+    assert "was not run with profile cpu" not in err
+    single = [{**r, "data": {**r["data"], "num_turns/mean": 1.0}} for r in recs]  # the same counts, one turn
+    _, _, err = _main(["check", str(_write_records(tmp_path / "one.jsonl", single)), *retool,
+                       "--out", str(tmp_path / "o2")], capsys)
+    assert "18 sequences per step (the profile makes 16" in err
+
+
 def test_cpu_profile_on_a_gpu_machine_still_needs_arch(tmp_path: Path, capsys, monkeypatch) -> None:
     monkeypatch.setattr(check_inputs, "detected_arch", lambda: "gfx942")
     log = _shaped_log(tmp_path / "cpu.jsonl", steps=8, seqs=32)
