@@ -6,7 +6,7 @@
 # bf16_params+compile+compile_decode LAYERS=4)
 # The MoE GRPO step (static-engine rollout, old log-probs, actor update, in-place weight sync) of this trainer
 # and TRL's GRPOTrainer on the same model and batch (Qwen3-30B-A3B width, random weights; 8 prompts x 8
-# samples, 128-token prompts, 256 sampled tokens each), each side in a process of its own: 4 layers, then
+# samples, 128-token prompts, 256 sampled tokens each), each side and mode in a process of its own: 4 layers, then
 # 8 layers while time is left. Writes $OUT/log.txt and every result JSON packed into $OUT/results.tar.gz.
 set -u
 BUDGET=${1:-540} MODES=${MODES:-bf16_params} LAYERS=${LAYERS:-4 8}
@@ -31,7 +31,11 @@ side() {  # layers, name, limit, sections, flags
   echo "=== rc ${PIPESTATUS[0]} t=$SECONDS" | log
 }
 for L in $LAYERS; do
-  side $L rlbench 200 ceilings,grpo --no-trl  # the copy and matmul ceilings of this process, then the step
+  sections=ceilings,grpo  # the copy and matmul ceilings, in the first mode's process
+  for M in ${MODES//,/ }; do  # each mode in a process of its own: compiled graphs keep the last one's memory
+    MODES=$M side $L rlbench_${M//+/_} 200 $sections --no-trl
+    sections=grpo
+  done
   side $L trl 240 grpo --no-rlbench
 done
 tar czf $OUT/results.tar.gz -C $R .
