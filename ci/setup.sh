@@ -29,14 +29,16 @@ cd "$ROOT"
 # The installs go through uv (PyPI's `uv`, the same packages as pip: parallel downloads and unpacking; pip took
 # 3m17s of a fresh clone's .ci/run on 2 cores). uv reads no pip.conf, so pip's own settings (index URLs,
 # find-links, constraints, certificate: `pip config list`) are handed to it, and it takes the best version over
-# all indexes as pip does. RLBENCH_PIP=pip installs with pip; so does a machine where uv does not install.
+# all indexes as pip does. It compiles the bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set
+# (this CI machine) nothing else ever would, and every import would parse the sources again (twice as slow).
+# RLBENCH_PIP=pip installs with pip; so does a machine where uv does not install.
 uv_args=()
 if [[ "${RLBENCH_PIP:-uv}" == uv ]] && "$PYTHON" -m pip install --no-input -q "uv>=0.9" >/dev/null 2>&1; then
   mapfile -t uv_args < <("$PYTHON" -m pip config list 2>/dev/null | "$PYTHON" -c '
 import re, sys
 flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
          "constraint": "--constraint"}
-out = ["--index-strategy", "unsafe-best-match"]
+out = ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]
 for line in sys.stdin:
     m = re.match(r"^[^=]*?([a-z-]+)=\x27(.*)\x27$", line.strip())
     if not m:
