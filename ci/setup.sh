@@ -12,6 +12,7 @@
 #                     On GPU images the vllm and sglang extras are normally left out: those engines
 #                     come with the base image, built for its ROCm/CUDA, and a PyPI resolution
 #                     would replace them.
+#   RLBENCH_PIP       `uv` (default: installs through uv with pip's settings, see below) or `pip`
 #   TORCH_CPU_INDEX   optional package index that serves CPU-only torch wheels; used for the CPU
 #                     torch pin on hosts whose default index would resolve a CUDA build.
 #
@@ -32,13 +33,13 @@ cd "$ROOT"
 # all indexes as pip does. It compiles the bytecode at install, as pip does: where PYTHONDONTWRITEBYTECODE is set
 # (this CI machine) nothing else ever would, and every import would parse the sources again (twice as slow).
 # RLBENCH_PIP=pip installs with pip; so does a machine where uv does not install.
-uv_args=()
+uv_args=() uv_cert=""
 if [[ "${RLBENCH_PIP:-uv}" == uv ]] && "$PYTHON" -m pip install --no-input -q "uv>=0.9" >/dev/null 2>&1; then
   mapfile -t uv_args < <("$PYTHON" -m pip config list 2>/dev/null | "$PYTHON" -c '
 import re, sys
 flags = {"index-url": "--index-url", "extra-index-url": "--extra-index-url", "find-links": "--find-links",
          "constraint": "--constraint"}
-out = ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]
+cert, out = "", ["--index-strategy", "unsafe-best-match", "--compile-bytecode"]
 for line in sys.stdin:
     m = re.match(r"^[^=]*?([a-z-]+)=\x27(.*)\x27$", line.strip())
     if not m:
@@ -50,19 +51,16 @@ for line in sys.stdin:
     elif key == "no-index" and value.lower() in ("1", "true", "yes", "on"):
         out.append("--no-index")
     elif key == "cert":
-        out += ["--cert", value]
-print("\n".join(out))')
+        cert = value
+print("\n".join([cert, *out]))')  # first line: the certificate (uv takes it as SSL_CERT_FILE), then the flags
+  uv_cert="${uv_args[0]:-}" uv_args=("${uv_args[@]:1}")
 fi
 if ((${#uv_args[@]})); then
   echo "ci/setup.sh: installing with uv $("$PYTHON" -m uv --version | cut -d" " -f2) (RLBENCH_PIP=pip for pip)"
 fi
 pip_install() {
   if ((${#uv_args[@]})); then
-    local args=() cert="" i
-    for ((i = 0; i < ${#uv_args[@]}; i++)); do  # uv takes the certificate as SSL_CERT_FILE
-      if [[ "${uv_args[i]}" == --cert ]]; then cert="${uv_args[i + 1]}"; i=$((i + 1)); else args+=("${uv_args[i]}"); fi
-    done
-    env ${cert:+SSL_CERT_FILE="$cert"} "$PYTHON" -m uv pip install --python "$PYTHON" "${args[@]}" "$@" \
+    env ${uv_cert:+SSL_CERT_FILE="$uv_cert"} "$PYTHON" -m uv pip install --python "$PYTHON" "${uv_args[@]}" "$@" \
       || { echo "ci/setup.sh: uv did not install $*; trying pip"; "$PYTHON" -m pip install --no-input "$@"; }
   else
     "$PYTHON" -m pip install --no-input "$@"

