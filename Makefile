@@ -28,7 +28,7 @@ test: install
 test-unit:
 	$(PYTHON) -m pytest -q tests/unit
 
-# Every suite's cpu profile (real SmolLM2 training runs; ~36-45 min on 2 cores) and the cpu-vllm profile of
+# Every suite's cpu profile (real SmolLM2 training runs; ~27-40 min on 2 cores) and the cpu-vllm profile of
 # the suites that define one (DAPO: vLLM, colocated and fully-async on Ray; skipped without vLLM),
 # report in runs/pytest-suites/.
 test-suites:
