@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("mlflow", reason="mlflow not installed (pip install 'rlbench[mlflow]')")
+pytest.importorskip("mlflow", reason="mlflow not installed (pip install 'rlbench[mlflow-server]')")
 
 from mlflow.tracking import MlflowClient
 
