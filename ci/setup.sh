@@ -54,8 +54,6 @@ for line in sys.stdin:
         cert = value
 print("\n".join([cert, *out]))')  # first line: the certificate (uv takes it as SSL_CERT_FILE), then the flags
   uv_cert="${uv_args[0]:-}" uv_args=("${uv_args[@]:1}")
-fi
-if ((${#uv_args[@]})); then
   echo "ci/setup.sh: installing with uv $("$PYTHON" -m uv --version | cut -d" " -f2) (RLBENCH_PIP=pip for pip)"
 fi
 pip_install() {
