@@ -8,7 +8,7 @@ traceback.
 
 The ranks are forked from a forkserver that imported torch, transformers, megatron-core and the trainer's
 backends once per test process (`_PRELOAD`), instead of each being a fresh interpreter that imports them
-again (~7 s of CPU a rank on 2 cores; the default tier starts ~30 of them). A forked rank would inherit the
+again (most of the ~20 s of CPU a rank took on 2 cores; the default tier starts ~30 of them). A forked rank would inherit the
 server's environment of when it started, so each rank is given the caller's environment of the call.
 
 A worker ends with `leave_group()`: the ranks leave together, since a rank that exits while another still
