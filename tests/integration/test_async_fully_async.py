@@ -90,12 +90,14 @@ def test_killed_rollout_worker_ends_the_run_with_a_clear_error(tmp_path: Path):
     assert failure["completed_steps"] == failure["failed_step"] - 1 >= len(done) - 1
 
 
-def test_static_engine_with_partial_rollout(tmp_path: Path):
+def test_static_engine_with_partial_rollout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """The static engine in the rollout worker: interrupted at syncs, continued under the new weights."""
     from trainer.modes.fully_async import train_fully_async
 
-    # 96-token responses keep the rollouter the slower side, so a sync finds a generation running
-    # (with 48 the eager static decode can fill its window and park before each sync)
+    # 10 ms before each decode step (trainer/components/faults.py) makes a 96-token call ~1 s against the
+    # trainer's ~0.1 s update and sync: the sync after step 2 always meets the third call running, whatever
+    # the machine's load (unpaced, the eager static decode can finish before the sync: no partial rollout)
+    monkeypatch.setenv("RLBENCH_ROLLOUT_PACE_S", "0.01")
     rows = _rows(train_fully_async(_cfg(tmp_path, "rollout.engine=static", "async.partial_rollout=true",
                                         "trainer.total_steps=4", "data.max_response_length=96")))
     assert len(rows) == 4

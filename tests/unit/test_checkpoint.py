@@ -22,7 +22,7 @@ from trainer.components.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from trainer.components.faults import FAULT_ENV, fault_point
+from trainer.components.faults import FAULT_ENV, PACE_ENV, fault_point, rollout_pace_s
 from trainer.components.metrics import MetricsWriter, read_metrics
 from trainer.errors import ConfigError, RLBenchError
 
@@ -145,6 +145,16 @@ def test_fault_hook_rejects_an_unknown_phase(monkeypatch):
     monkeypatch.setenv(FAULT_ENV, "rolout:1")
     with pytest.raises(ConfigError, match="rollout, update, checkpoint, line, commit"):
         fault_point("rollout", 1)
+
+
+def test_rollout_pace_reads_seconds_and_rejects_anything_else(monkeypatch):
+    assert rollout_pace_s() == 0.0
+    monkeypatch.setenv(PACE_ENV, "0.01")
+    assert rollout_pace_s() == 0.01
+    for bad in ("10ms", "-1", "nan"):
+        monkeypatch.setenv(PACE_ENV, bad)
+        with pytest.raises(ConfigError, match=PACE_ENV):
+            rollout_pace_s()
 
 
 def test_fault_hook_kills_at_its_phase_and_step_only(tmp_path: Path):

@@ -1,4 +1,5 @@
-"""Test-only fault injection: kill the trainer process at a named phase of a named step.
+"""Test-only fault injection: kill the trainer process at a named phase of a named step, or pace the
+rollout worker's decode loop.
 
     RLBENCH_FAULT_AT=line:3 python -m trainer trainer/configs/grpo_tiny_arithmetic.yaml
 
@@ -14,6 +15,13 @@ The process sends itself SIGKILL (no cleanup, no atexit, like `kill -9`) the fir
 
 Unset, it costs one dict lookup. A value naming no phase is an error, so a typo cannot make a
 fault test pass without a fault.
+
+    RLBENCH_ROLLOUT_PACE_S=0.01
+
+makes the fully-async rollout worker sleep that long before each decode step of an interruptible
+engine, so the rollouter is the slower side whatever the machine's load and a weight sync always
+meets a generation running (what a partial-rollout test needs to see). A value that is not a
+number >= 0 is an error.
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ import signal
 from trainer.errors import ConfigError
 
 FAULT_ENV = "RLBENCH_FAULT_AT"
+PACE_ENV = "RLBENCH_ROLLOUT_PACE_S"
 PHASES = ("rollout", "update", "checkpoint", "line", "commit")
 
 
@@ -43,3 +52,17 @@ def fault_point(phase: str, step: int) -> None:
     target = _target()
     if target is not None and target == (phase, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def rollout_pace_s() -> float:
+    """Seconds to sleep before each decode step of the rollout worker (0 unless `RLBENCH_ROLLOUT_PACE_S` is set)."""
+    spec = os.environ.get(PACE_ENV)
+    if not spec:
+        return 0.0
+    try:
+        pace = float(spec)
+    except ValueError:
+        pace = -1.0
+    if not pace >= 0:
+        raise ConfigError(f"{PACE_ENV}={spec!r}: expected seconds >= 0 (fix: e.g. {PACE_ENV}=0.01, or unset it)")
+    return pace

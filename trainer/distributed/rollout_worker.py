@@ -68,6 +68,7 @@ from typing import Any
 import torch
 
 from trainer.components.batch import Batch, batch_from_rollout, concat_batches
+from trainer.components.faults import rollout_pace_s
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError, RLBenchError
 from trainer.rollout.base import Rollout
@@ -157,6 +158,7 @@ class RolloutWorker:
         self.pause_requested = False
         self.interrupt = False
         self.parked = True
+        self.pace_s = rollout_pace_s()
         self.error: BaseException | None = None
         self.idle_s = 0.0
         self.window_t0 = time.perf_counter()
@@ -349,9 +351,15 @@ class RolloutWorker:
                 self.parked = True
                 self.cond.notify_all()
 
+    def _paced_stop(self) -> bool:
+        time.sleep(self.pace_s)
+        return self.interrupt
+
     def _generate(self, groups: list[_Group], params: Any) -> None:
         # engines that can be interrupted are, at a partial-rollout sync and at shutdown (`stop`)
         stop = (lambda: self.interrupt) if callable(getattr(self.engine, "continue_generation", None)) else None
+        if stop is not None and self.pace_s > 0:  # test-only pacing (trainer/components/faults.py)
+            stop = self._paced_stop
         n = self.cfg.rollout.n
         if groups[0].ids:  # continuing interrupted groups: only their unfinished responses
             where = [(gi, j) for gi, g in enumerate(groups) for j in range(n) if g.finish[j] == "abort"]
