@@ -9,7 +9,7 @@
 #
 PYTHON ?= python3
 
-.PHONY: install train test test-unit test-suites bench selftest selftest-random rehearse
+.PHONY: install train test test-unit test-suites test-suites-all bench selftest selftest-random rehearse
 
 install:
 	bash ci/setup.sh
@@ -28,11 +28,15 @@ test: install
 test-unit:
 	$(PYTHON) -m pytest -q tests/unit
 
-# Every suite's cpu profile (real SmolLM2 training runs; ~27-40 min on 2 cores) and the cpu-vllm profile of
-# the suites that define one (DAPO: vLLM, colocated and fully-async on Ray; skipped without vLLM),
-# report in runs/pytest-suites/.
+# Every suite's cpu profile (real SmolLM2 training runs on 2 cores), the cpu-vllm profile of the suites that
+# define one (DAPO: vLLM on Ray; skipped without vLLM) and the cpu-vlm one, report in runs/pytest-suites/.
+# test-suites leaves out the modes a profile lists in `slow_modes` (the retool and geometry3k cpu profiles' and
+# DAPO cpu-vllm's fully-async runs, ~10 min; rlbench/run/pytest_plugin.py); test-suites-all runs every mode.
 test-suites:
-	$(PYTHON) -m pytest suites/ --arch cpu -q --rlbench-report runs/pytest-suites/report.html
+	$(PYTHON) -m pytest suites/ --arch cpu -q -m 'not slow' --rlbench-report runs/pytest-suites/report.html
+
+test-suites-all:
+	$(PYTHON) -m pytest suites/ --arch cpu -q --rlbench-report runs/pytest-suites-all/report.html
 
 # The first step of the GRPO suite's cpu profile with 4 prompts (2 mini-batches) on 1 thread, per
 # mutation and per clean seed: the settings of reports/selftest/ (about 3 min a run on a busy 2-core box).

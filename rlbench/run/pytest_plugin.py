@@ -15,6 +15,9 @@ suite, profile or metric. Only the references that list a profile become its ite
   folder is `<--rlbench-out>/<suite_id>/<profile>/` (see rlbench/run/runner.py). A status line per
   phase and a progress line per run (step k/N, s/step, score; rlbench/run/progress.py) go to the
   terminal (the trainer's own progress bar is captured by pytest; `-s` shows it).
+- A profile's `slow_modes` are pytest's `slow` tier: the items reading their runs are marked `slow`,
+  and a mode none of whose items is selected is not trained. `make test` runs `-m 'not slow'`
+  (the cpu profiles' fast modes), `make test-suites-all` every mode.
 - `--profile` (full | mini | cpu | cpu-vllm | cpu-vlm, comma-separated; default: all; cpu-vllm and cpu-vlm are optional,
   collected only from the suites that define it): a profile that this
   machine cannot run (GPU count, arch, packages, model/data paths) has every item skipped with
@@ -68,6 +71,7 @@ from trainer.errors import RLBenchError
 __all__ = [
     "pytest_addoption",
     "pytest_collect_file",
+    "pytest_collection_modifyitems",
     "pytest_configure",
     "pytest_report_header",
     "pytest_runtest_setup",
@@ -127,6 +131,8 @@ class RLBenchState:
     env: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)  # env_info for profile_unmet_requirements
     runs: dict[tuple[str, str], _ProfileRun] = field(default_factory=dict)
+    # the modes each suite x profile trains: every mode but the slow ones no selected item reads
+    train_modes: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     report_written: bool = False
     terminal: Any = None  # pytest's terminal reporter: status lines reach the user while output is captured
 
@@ -186,7 +192,12 @@ class RLBenchState:
                 prov = {"suite_file": str(suite.path), "profile": profile,
                         "logs": {m: str(p) for m, p in paths.items()}}
             else:
-                trained = train_profile(suite, profile, self.out, seeds=seeds, sets=self.sets,
+                modes = self.train_modes.get((suite.id, profile))
+                dropped = [m for m in suite.profile(profile).modes if modes is not None and m not in modes]
+                if dropped:
+                    self.status(f"{suite.id} [{profile}]: {', '.join(dropped)} not trained (the profile's slow_modes; "
+                                f"their checks are deselected, pytest -m slow or make test-suites-all runs them)")
+                trained = train_profile(suite, profile, self.out, seeds=seeds, modes=modes, sets=self.sets,
                                         status=self.status)
                 runs, folder = trained.frames(seeds[0]), trained.folder
                 memory = trained.memory[seeds[0]]
@@ -320,17 +331,40 @@ def _detect() -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------- collection
-def expected_check_ids(suite: Suite, profile: str, ref: Reference) -> list[str]:
-    """The check ids `rlbench.checks.evaluate.evaluate` gives `ref`'s results on `profile` (none if it does not apply)."""
+def expected_checks(suite: Suite, profile: str, ref: Reference) -> list[tuple[str, set[str]]]:
+    """(check id, the modes whose runs it reads) of each result `rlbench.checks.evaluate.evaluate` gives `ref`
+    on `profile` (none if it does not apply)."""
     if profile not in ref.profiles:
         return []
     prof_modes = suite.profile(profile).modes
     if ref.kind == "golden":
-        return [f"golden:{stat_key(gs, m)}" for gs in ref.stats for m in (gs.modes or prof_modes)]
+        return [(f"golden:{stat_key(gs, m)}", {m}) for gs in ref.stats for m in (gs.modes or prof_modes)]
     if ref.kind == "ratio":
-        return [ref.check_id()]
+        return [(ref.check_id(), {str(ref.num), str(ref.den)})]
     modes = ref.modes or prof_modes
-    return [ref.check_id(m if (ref.modes or len(modes) > 1) else None) for m in modes]
+    return [(ref.check_id(m if (ref.modes or len(modes) > 1) else None), {m}) for m in modes]
+
+
+def expected_check_ids(suite: Suite, profile: str, ref: Reference) -> list[str]:
+    """The check ids `rlbench.checks.evaluate.evaluate` gives `ref`'s results on `profile` (none if it does not apply)."""
+    return [cid for cid, _ in expected_checks(suite, profile, ref)]
+
+
+@pytest.hookimpl(trylast=True)  # after `-m` / `-k` deselected items: the selection is final
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each suite x profile trains its modes but the slow ones (`slow_modes`) that no selected item reads."""
+    state = config.stash.get(_STATE, None)
+    if state is None:
+        return
+    read: dict[tuple[str, str], set[str]] = {}
+    profiles: dict[tuple[str, str], Any] = {}
+    for item in items:
+        if isinstance(item, CheckItem):
+            key = (item._owner.suite.id, item._owner.profile)
+            profiles[key] = item._owner.suite.profile(item._owner.profile)
+            read.setdefault(key, set()).update(item.modes)
+    for key, prof in profiles.items():
+        state.train_modes[key] = [m for m in prof.modes if m not in prof.slow_modes or m in read[key]]
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
@@ -368,22 +402,25 @@ class SuiteProfile(pytest.Collector):
     def collect(self) -> Any:
         seen: set[str] = set()
         for i, ref in enumerate(self.suite.references):
-            for cid in expected_check_ids(self.suite, self.profile, ref):
+            for cid, modes in expected_checks(self.suite, self.profile, ref):
                 if cid in seen:
                     continue
                 seen.add(cid)
-                item = CheckItem.from_parent(self, name=cid, ref_index=i, check_id=cid)
-                item.add_marker("rlbench")
-                item.add_marker(f"profile_{self.profile}")
-                yield item
+                yield self._item(cid, i, modes)
         if self.config.stash[_STATE].logs is None:  # runs trained here: their memory is measured
-            from rlbench.run.runner import memory_check_ids
+            from rlbench.run.runner import memory_checks_and_modes
 
-            for cid in memory_check_ids(self.suite, self.profile):
-                item = CheckItem.from_parent(self, name=cid, ref_index=MEMORY_ITEMS, check_id=cid)
-                item.add_marker("rlbench")
-                item.add_marker(f"profile_{self.profile}")
-                yield item
+            for cid, modes in memory_checks_and_modes(self.suite, self.profile):
+                yield self._item(cid, MEMORY_ITEMS, modes)
+
+    def _item(self, cid: str, ref_index: int, modes: set[str]) -> CheckItem:
+        """An item reading the runs of `modes`: in pytest's `slow` tier when one of them is a slow mode of the profile."""
+        item = CheckItem.from_parent(self, name=cid, ref_index=ref_index, check_id=cid, modes=modes)
+        item.add_marker("rlbench")
+        item.add_marker(f"profile_{self.profile}")
+        if modes & set(self.suite.profile(self.profile).slow_modes):
+            item.add_marker("slow")
+        return item
 
 
 MEMORY_ITEMS = -1  # CheckItem.ref_index of a profile's memory items (not a suite reference)
@@ -394,9 +431,10 @@ class CheckFailed(Exception):
 
 
 class CheckItem(pytest.Item):
-    def __init__(self, *, ref_index: int, check_id: str, **kw: Any) -> None:
+    def __init__(self, *, ref_index: int, check_id: str, modes: set[str] | None = None, **kw: Any) -> None:
         super().__init__(**kw)
         self.ref_index, self.check_id = ref_index, check_id
+        self.modes = modes or set()  # the modes whose runs it reads (none: the profile as a whole)
 
     @property
     def _owner(self) -> SuiteProfile:

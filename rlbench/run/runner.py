@@ -371,11 +371,17 @@ def peak_check_id(suite: Suite, profile: str, mode: str) -> str:
 DRIVER_CHECK_ID = f"memory/driver_rss_growth_gb<={DRIVER_GROWTH_BOUND_GB:g}"
 
 
+def memory_checks_and_modes(suite: Suite, profile: str) -> list[tuple[str, set[str]]]:
+    """(id, the modes it reads) of each result `memory_checks` gives (the pytest items of a profile that trains
+    here): each mode's peak, and the driver's growth over whatever the profile ran."""
+    peaks = ([(peak_check_id(suite, profile, m), {m}) for m in suite.profile(profile).modes]
+             if suite.profile(profile).requires.memory_gb else [])
+    return [*peaks, (DRIVER_CHECK_ID, set())]
+
+
 def memory_check_ids(suite: Suite, profile: str) -> list[str]:
     """The ids `memory_checks` gives (the pytest items of a profile that trains here)."""
-    peaks = ([peak_check_id(suite, profile, m) for m in suite.profile(profile).modes]
-             if suite.profile(profile).requires.memory_gb else [])
-    return [*peaks, DRIVER_CHECK_ID]
+    return [cid for cid, _ in memory_checks_and_modes(suite, profile)]
 
 
 def memory_checks(suite: Suite, profile: str, memory: dict[str, dict[str, Any]],

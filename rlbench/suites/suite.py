@@ -17,8 +17,8 @@ Layout of a suite file (every mapping rejects unknown keys):
     modes:    {colocated: {gpus, nnodes, overrides}, fully_async: {rollout_gpus, train_gpus, nnodes,
                staleness_threshold, trigger_parameter_sync_step, require_batches, partial_rollout,
                overrides}}
-    profiles: {full|mini|cpu|cpu-vllm|cpu-vlm: {requires: {gpus, arch, packages, env}, modes, mode_overrides,
-               overrides, env, steps, seeds}}
+    profiles: {full|mini|cpu|cpu-vllm|cpu-vlm: {requires: {gpus, arch, packages, env}, modes, slow_modes,
+               mode_overrides, overrides, env, steps, seeds}}
     references: [see rlbench/checks/metric.py for the statistics and comparisons]
 
 Resolution order of a trainer config: `trainer` <- the mode's `overrides` <- the profile's
@@ -131,6 +131,8 @@ class Requires(_Strict):
 class Profile(_Strict):
     requires: Requires = Field(default_factory=Requires)
     modes: list[ModeName]  # which of the suite's modes this profile runs
+    # modes whose checks are pytest's `slow` tier: `pytest suites/ -m 'not slow'` (make test) does not train them
+    slow_modes: list[ModeName] = Field(default_factory=list)
     mode_overrides: dict[ModeName, dict[str, Any]] = Field(default_factory=dict)  # e.g. fewer GPUs
     overrides: dict[str, Any] = Field(default_factory=dict)  # deep-merged over `trainer`
     env: dict[str, str] = Field(default_factory=dict)  # environment the run sets, e.g. AITER flags
@@ -355,6 +357,13 @@ class Suite(_Strict):
                 if m not in modes:
                     raise ValueError(f"@profiles.{pname}.modes[{i}]: mode '{m}' is not defined under "
                                      f"'modes' (defined: {', '.join(modes)})")
+            for i, m in enumerate(prof.slow_modes):
+                if m not in prof.modes:
+                    raise ValueError(f"@profiles.{pname}.slow_modes[{i}]: profile '{pname}' does not run mode '{m}' "
+                                     f"(it runs: {', '.join(prof.modes)}; name only those)")
+            if prof.slow_modes and set(prof.slow_modes) == set(prof.modes):
+                raise ValueError(f"@profiles.{pname}.slow_modes: every mode of the profile is slow, so `-m 'not slow'` "
+                                 f"would train none; keep at least one of {', '.join(prof.modes)} out of it")
             for m in prof.mode_overrides:
                 if m not in modes:
                     raise ValueError(f"@profiles.{pname}.mode_overrides.{m}: mode '{m}' is not defined "

@@ -204,6 +204,27 @@ def test_cpu_vllm_is_collected_from_the_suites_that_define_it(project: pytest.Py
     assert sum("::memory/" in ln for ln in lines) == 3
 
 
+def test_slow_modes_are_marked_and_not_trained_when_deselected(project: pytest.Pytester) -> None:
+    """The DAPO cpu-vllm profile's fully_async mode is slow: under `-m 'not slow'` its items are deselected and
+    the profile trains colocated alone; without `-m` every item is selected and both modes train."""
+    from rlbench.run.pytest_plugin import _STATE
+
+    def collected(*extra: str):
+        rec = project.inline_run(*_args(project, "--arch", "cpu", "--profile", "cpu-vllm", "--collect-only", *extra))
+        call = rec.getcall("pytest_collection_modifyitems")
+        return call.items, call.config.stash[_STATE].train_modes[(DAPO, "cpu-vllm")]
+
+    fast, fast_modes = collected("-m", "not slow")
+    assert fast_modes == ["colocated"]
+    assert fast and all("fully_async" not in i.modes for i in fast)
+    assert any(i.name == "training/rollout_probs_diff_max:each in [0,0.0001]@colocated" for i in fast)
+    every, every_modes = collected()
+    assert every_modes == ["colocated", "fully_async"]
+    slow = [i for i in every if i.get_closest_marker("slow")]
+    assert len(every) == len(fast) + len(slow) and all("fully_async" in i.modes for i in slow)
+    assert any(i.name == "memory/peak_rss_gb<=16[fully_async]" for i in slow)
+
+
 def test_collected_item_ids(project: pytest.Pytester) -> None:
     res = project.runpytest(*_args(project, "--arch", "cpu", "--profile", "cpu", "--collect-only", "-q"))
     lines = res.stdout.str().splitlines()

@@ -20,6 +20,8 @@ CASES = {
     "unknown_profile_ref": ["references[0].profiles[0]", "'ful'", "did you mean 'full'?"],
     "undefined_profile_ref": ["references[0].profiles[0]", "profile 'cpu-vllm' is not defined", "defined: full, mini, cpu"],
     "profile_unknown_mode": ["profiles.cpu.modes[0]", "'fully_async' is not defined", "defined: colocated"],
+    "slow_mode_not_run": ["profiles.cpu.slow_modes[0]", "does not run mode 'fully_async'", "it runs: colocated"],
+    "slow_modes_all": ["profiles.cpu.slow_modes", "every mode of the profile is slow", "keep at least one of colocated"],
     "ratio_missing_mode": ["references[1].den", "'fully_async' which this suite lacks"],
     "yaml_syntax": ["YAML syntax error at line 14", "fix the YAML"],
     "band_without_hi": ["references[0].lo", "needs 'lo' and 'hi'"],
