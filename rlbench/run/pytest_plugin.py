@@ -196,7 +196,7 @@ class RLBenchState:
                 dropped = [m for m in suite.profile(profile).modes if modes is not None and m not in modes]
                 if dropped:
                     self.status(f"{suite.id} [{profile}]: {', '.join(dropped)} not trained (the profile's slow_modes; "
-                                f"their checks are deselected, pytest -m slow or make test-suites-all runs them)")
+                                f"their checks are deselected; make test-suites-all runs them)")
                 trained = train_profile(suite, profile, self.out, seeds=seeds, modes=modes, sets=self.sets,
                                         status=self.status)
                 runs, folder = trained.frames(seeds[0]), trained.folder
