@@ -193,7 +193,7 @@ class RLBenchState:
                         "logs": {m: str(p) for m, p in paths.items()}}
             else:
                 modes = self.train_modes.get((suite.id, profile))
-                dropped = [m for m in suite.profile(profile).modes if modes is not None and m not in modes]
+                dropped = [m for m in suite.profile(profile).modes if m not in (modes or suite.profile(profile).modes)]
                 if dropped:
                     self.status(f"{suite.id} [{profile}]: {', '.join(dropped)} not trained (the profile's slow_modes; "
                                 f"their checks are deselected; make test-suites-all runs them)")
@@ -356,15 +356,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     state = config.stash.get(_STATE, None)
     if state is None:
         return
-    read: dict[tuple[str, str], set[str]] = {}
-    profiles: dict[tuple[str, str], Any] = {}
+    read: dict[SuiteProfile, set[str]] = {}
     for item in items:
         if isinstance(item, CheckItem):
-            key = (item._owner.suite.id, item._owner.profile)
-            profiles[key] = item._owner.suite.profile(item._owner.profile)
-            read.setdefault(key, set()).update(item.modes)
-    for key, prof in profiles.items():
-        state.train_modes[key] = [m for m in prof.modes if m not in prof.slow_modes or m in read[key]]
+            read.setdefault(item._owner, set()).update(item.modes)
+    for owner, modes in read.items():
+        prof = owner.suite.profile(owner.profile)
+        state.train_modes[(owner.suite.id, owner.profile)] = [m for m in prof.modes
+                                                              if m not in prof.slow_modes or m in modes]
 
 
 def pytest_collect_file(parent: pytest.Collector, file_path: Path) -> pytest.Collector | None:
