@@ -192,6 +192,24 @@ class MegatronConfig(_Section):
         "and distributed optimizer (Adam state and, for bf16 params, fp32 master weights sharded over the "
         "data-parallel ranks), CUDA only; torch = torch all-reduce over the data-parallel groups and torch AdamW on "
         "the module params; auto = megatron on CUDA, torch on CPU"))
+    token_dispatcher: Literal["auto", "local", "alltoall"] = Field("auto", description=(
+        "MoE token dispatch: local = every expert on the rank, gathers only, no host sync "
+        "(trainer/backends/megatron/dispatch.py; EP = 1); alltoall = megatron-core's alltoall dispatcher; "
+        "auto = local when expert_model_parallel_size is 1, else alltoall"))
+
+    @model_validator(mode="after")
+    def _local_dispatch_needs_one_expert_rank(self) -> MegatronConfig:
+        if self.token_dispatcher == "local" and self.expert_model_parallel_size > 1:
+            raise ValueError(f"actor.megatron.token_dispatcher=local holds every expert on one rank, but "
+                             f"expert_model_parallel_size={self.expert_model_parallel_size} (fix: token_dispatcher="
+                             f"auto or alltoall, or expert_model_parallel_size=1)")
+        return self
+
+    def resolved_token_dispatcher(self) -> str:
+        """`local` or `alltoall` (auto resolved by the expert-parallel size)."""
+        if self.token_dispatcher != "auto":
+            return self.token_dispatcher
+        return "local" if self.expert_model_parallel_size == 1 else "alltoall"
 
 
 class ActorConfig(_Section):

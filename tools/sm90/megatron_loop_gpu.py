@@ -87,7 +87,7 @@ def main() -> None:
                                       for o in getattr(opt, "chained_optimizers", [opt])] if opt is not None else None,
                             "model_wrapper": type(c.actor.model).__name__,
                             "param_dtype": str(next(c.actor.gpt.parameters()).dtype),
-                            "dispatcher": c.actor.bridge.config.moe_token_dispatcher_type}
+                            "dispatcher": c.actor.bridge.token_dispatcher}
             print(dtype, "actor:", json.dumps(res["actor"]), flush=True)
             del c
             ps.destroy_model_parallel()

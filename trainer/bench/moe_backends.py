@@ -6,7 +6,7 @@
 `--reference`: a tiny Qwen3-MoE (4 experts, top-2), its initial weights, one batch, and the HF-named
 weights after `MegatronActor.update` (two mini-batches) on CPU in fp32 (torch AdamW).
 `--check`: the same update on CUDA, in fp32 (held to the CPU tests' bound) and with bf16 parameters
-(a bf16 bound), megatron's DDP + distributed optimizer (fp32 masters) and the alltoall dispatcher;
+(a bf16 bound), megatron's DDP + distributed optimizer (fp32 masters) and the loops' token dispatcher;
 prints how far the weights are from the CPU run.
 `--bench`: a Qwen3-30B-A3B-shaped model (hidden 2048, 128 experts of 768, top-8, 32/4 heads of 128,
 vocab 151936; `--layers` of its 48) with random weights, `--accum` micro-batches of `--batch` x `--seq`
@@ -24,8 +24,10 @@ variants, `fsdp2 actor` and `megatron actor`, time what the training loops run i
 `Actor.update` (policy loss, log-probs and entropy through the chunked LM head on the response tokens,
 clipping) on rows of `ACTOR_PROMPT` prompt tokens plus a response, both with fp32 master weights:
 transformers' model under `actor.mixed_precision: bf16_params`, and `MegatronActor` with megatron's DDP
-and distributed optimizer. Their MFU counts the LM head on response tokens only. Run each variant in
-a process of its own when memory is tight (`--variants "megatron actor"`).
+and distributed optimizer, its MoE layers dispatched as the loops do (`actor.megatron.token_dispatcher`
+auto: the local dispatcher at EP 1; `megatron actor alltoall`: megatron's alltoall dispatcher). Their MFU
+counts the LM head on response tokens only. Run each variant in a process of its own when memory is tight
+(`--variants "megatron actor"`).
 """
 
 from __future__ import annotations
@@ -212,7 +214,7 @@ def _rel_check(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], rtol
 
 def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0) -> dict:
     """The reference's update on CUDA with `dtype` parameters, megatron's DDP + distributed optimizer with the
-    reference's update rule (Adam or SGD), the alltoall dispatcher.
+    reference's update rule (Adam or SGD), the token dispatcher `actor.megatron.token_dispatcher` resolves to.
 
     Adam: the weights against a bf16 bound (2^-8 relative plus a quarter Adam step) or, in fp32, the CPU
     tests' bound (rtol 1e-4, atol 2e-5). Adam moves every entry by about lr x sign(g), so an entry whose
@@ -238,7 +240,7 @@ def check(path: str, dtype: torch.dtype = torch.bfloat16, lr_scale: float = 1.0)
     cfg = _actor_cfg(optimizer)
     cfg = cfg.model_copy(update={"lr": cfg.lr * lr_scale})
     a = MegatronActor.from_hf(hf, cfg, temperature=1.0, max_response_length=6, device=torch.device("cuda"), dtype=dtype)
-    dispatcher = a.bridge.config.moe_token_dispatcher_type
+    dispatcher = a.bridge.token_dispatcher
     init_gpu = _megatron_named(a)  # the bf16 (or fp32) weights the masters start from
     use_megatron_optimizer(a, "sgd" if optimizer == "sgd" else "adam", adam_eps=RULES[optimizer][2] or 1e-8)
     grads: list[dict[str, torch.Tensor]] = []
@@ -433,12 +435,13 @@ def rl_batch(c, rows: int, seq: int, prompt: int):
 
 
 def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: str, prompt: int = ACTOR_PROMPT,
-                profile: bool = False, accum: int = 1) -> dict:
+                profile: bool = False, accum: int = 1, token_dispatcher: str = "auto") -> dict:
     """One optimizer step of the actor the training loops run (`Actor.update`: the policy loss of
     `trainer/algorithms`, log-probs through the chunked LM head, gradient clipping) on `accum`
     micro-batches of `batch` rows: `backend="fsdp2"` is transformers' model (grouped_mm experts) under
     `actor.mixed_precision: bf16_params` (bf16 params, fp32 masters and grad accumulation, fused AdamW),
-    `"megatron"` the `MegatronActor` with megatron's DDP and distributed optimizer (fp32 masters)."""
+    `"megatron"` the `MegatronActor` with megatron's DDP and distributed optimizer (fp32 masters) and the
+    MoE token dispatcher `actor.megatron.token_dispatcher=token_dispatcher` gives (auto: the loops' default)."""
     from trainer.backends.actor import Actor
 
     # strategy as the loops set it: with actor.strategy=megatron the update runs no optimizer / loss witness
@@ -446,7 +449,8 @@ def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: st
     # at fsdp2, so its Megatron actor rows also timed the loss witness, a cost the training loops do not have)
     cfg = ActorConfig(lr=1e-5, ppo_mini_batch_size=batch * accum, ppo_micro_batch_size_per_gpu=batch, grad_clip=1.0,
                       mixed_precision="bf16_params" if backend == "fsdp2" else "none",
-                      strategy="fsdp2" if backend == "fsdp2" else "megatron")
+                      strategy="fsdp2" if backend == "fsdp2" else "megatron",
+                      megatron={"token_dispatcher": token_dispatcher})
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke test of the code path
     if backend == "fsdp2":
@@ -469,12 +473,13 @@ def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: st
         from trainer.backends.megatron.gpu import use_megatron_optimizer
 
         init_parallel(1, 1, seed=0)
-        bridge = build_bridge(c, dtype=torch.bfloat16, use_cpu_initialization=dev.type == "cpu")
+        bridge = build_bridge(c, dtype=torch.bfloat16, use_cpu_initialization=dev.type == "cpu",
+                              token_dispatcher=cfg.megatron.resolved_token_dispatcher())
         model = build_gpt_model(bridge).to(dev).bfloat16()
         actor = MegatronActor(model, bridge, c, cfg, temperature=1.0, max_response_length=seq - prompt, device=dev)
         if dev.type == "cuda":  # megatron's DDP and optimizer are CUDA-only; CPU keeps the actor's torch AdamW
             use_megatron_optimizer(actor)
-        info = {"dispatcher": bridge.config.moe_token_dispatcher_type,
+        info = {"dispatcher": bridge.token_dispatcher,
                 "optimizer": type(actor.megatron_optimizer or actor.optimizer).__name__}
     b = rl_batch(c, batch * accum, seq, prompt)
     last: dict = {}
@@ -521,6 +526,7 @@ VARIANTS = {
     "megatron moe_grouped_gemm": (bench_megatron, {"grouped_experts": False}),
     "fsdp2 actor": (bench_actor, {"backend": "fsdp2"}),
     "megatron actor": (bench_actor, {"backend": "megatron"}),
+    "megatron actor alltoall": (bench_actor, {"backend": "megatron", "token_dispatcher": "alltoall"}),
 }
 
 

@@ -219,9 +219,11 @@ def init_parallel(tp: int = 1, ep: int = 1, *, pp: int = 1, seed: int = 0) -> No
 
 
 def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: float = 0.0,
-                 sequence_parallel: bool = False, **overrides: Any):
+                 sequence_parallel: bool = False, token_dispatcher: str = "alltoall", **overrides: Any):
     """mbridge's bridge for `hf_config` with the TransformerConfig switched to what runs without
-    TransformerEngine (no fusions; the alltoall MoE dispatcher on every device, on CPU through `cpu_shim`)."""
+    TransformerEngine (no fusions; megatron's alltoall MoE dispatcher on every device, on CPU through
+    `cpu_shim`). `token_dispatcher="local"`: the models `build_gpt_model` makes from it dispatch with
+    `LocalTokenDispatcher` (trainer/backends/megatron/dispatch.py; EP = 1)."""
     import copy
 
     from mbridge import AutoBridge
@@ -253,15 +255,18 @@ def build_bridge(hf_config: Any, *, dtype: torch.dtype, moe_aux_loss_coeff: floa
             extra["moe_router_pre_softmax"] = True  # softmax over all experts, top-k not renormalized
     extra.update(overrides)
     bridge.set_extra_args(**extra)
+    if token_dispatcher not in ("local", "alltoall"):
+        raise ValueError(f"build_bridge: token_dispatcher={token_dispatcher!r} (local or alltoall)")
+    bridge.token_dispatcher = token_dispatcher
     return bridge
 
 
 def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention: bool = True) -> torch.nn.Module:
     """megatron-core GPTModel with the local layer spec, from the bridge's config. Norms:
     `SequenceParallelNorm` (`trainer/backends/megatron/norm.py`), MoE experts:
-    `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron/experts.py`) or megatron's SequentialMLP;
-    attention: `CausalSDPA` (torch's fused kernels, `trainer/backends/megatron/attention.py`) or megatron's
-    `DotProductAttention`."""
+    `GroupedExperts` (grouped GEMMs, `trainer/backends/megatron/experts.py`) or megatron's SequentialMLP,
+    dispatched as the bridge says (`build_bridge`'s `token_dispatcher`); attention: `CausalSDPA` (torch's
+    fused kernels, `trainer/backends/megatron/attention.py`) or megatron's `DotProductAttention`."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
 
@@ -290,11 +295,16 @@ def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention
 
     # a pipeline stage: the embedding on the first, the final norm and output layer on the last, its own layers
     with cpu_cuda_calls() if pipeline_size() > 1 else contextlib.nullcontext():  # tied embeddings' setup
-        return GPTModel(config=c, transformer_layer_spec=spec, pre_process=ps.is_pipeline_first_stage(),
-                        post_process=ps.is_pipeline_last_stage(),
-                        share_embeddings_and_output_weights=bool(getattr(bridge.hf_config, "tie_word_embeddings",
-                                                                         False)),
-                        **kw)
+        gpt = GPTModel(config=c, transformer_layer_spec=spec, pre_process=ps.is_pipeline_first_stage(),
+                       post_process=ps.is_pipeline_last_stage(),
+                       share_embeddings_and_output_weights=bool(getattr(bridge.hf_config, "tie_word_embeddings",
+                                                                        False)),
+                       **kw)
+    if c.num_moe_experts and getattr(bridge, "token_dispatcher", "alltoall") == "local":
+        from trainer.backends.megatron.dispatch import install_local_dispatch
+
+        install_local_dispatch(gpt)
+    return gpt
 
 
 # --------------------------------------------------------------------------- weights in and out
@@ -528,7 +538,7 @@ class MegatronActor(Actor):
                       seed=seed)
         dtype = dtype or next(hf_model.parameters()).dtype
         bridge = build_bridge(hf_model.config, dtype=dtype, moe_aux_loss_coeff=cfg.moe_aux_loss_coeff,
-                              sequence_parallel=m.sequence_parallel)
+                              sequence_parallel=m.sequence_parallel, token_dispatcher=m.resolved_token_dispatcher())
         model = build_gpt_model(bridge).to(device=device, dtype=dtype)
         load_hf_weights(model, bridge, hf_checkpoint_tensors(hf_model))
         actor = cls(model, bridge, hf_model.config, cfg, temperature=temperature,

@@ -121,7 +121,8 @@ class MegatronCritic(Critic):
                                f"{(tp, ep, pp)}")
         self.cfg, self.device = cfg, device
         dtype = next(policy.parameters()).dtype
-        self.bridge = build_bridge(policy.config, dtype=dtype, sequence_parallel=megatron.sequence_parallel)
+        self.bridge = build_bridge(policy.config, dtype=dtype, sequence_parallel=megatron.sequence_parallel,
+                                   token_dispatcher=megatron.resolved_token_dispatcher())
         gpt = build_gpt_model(self.bridge).to(device=device, dtype=dtype)
         load_hf_weights(gpt, self.bridge, hf_checkpoint_tensors(policy))
         gpt.output_layer = None  # the decoder keeps its final norm; no LM head, no logits
