@@ -81,3 +81,47 @@ def test_bf16_weights_give_fp32_statistics_and_bf16_grads():
     assert rel < 1e-2  # bf16 operands (METHOD: 1e-3 .. 1e-2)
     lp.sum().backward()
     assert hb.grad.dtype == torch.bfloat16 and head.weight.grad.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("backend", [None, "aot_eager"])
+def test_kept_logits_give_the_recomputed_gradients(dtype, backend):
+    """`keep_logits` (`actor.lm_head_keep_logits`): the backward reads the forward's logits instead of recomputing
+    them; same values, gradients bitwise equal, at a temperature (fp32 logits must not be scaled in place) and
+    with a ragged last chunk (padded in the compiled mode). A kept chunk handed to the wrong position fails."""
+    g = torch.Generator().manual_seed(3)
+    m, hdim, v = 45, 16, 50
+    head = torch.nn.Linear(hdim, v, bias=False).to(dtype)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(v, hdim, generator=g))
+    h = torch.randn(m, hdim, generator=g).to(dtype)
+    t = torch.randint(0, v, (m,), generator=g)
+    a, b = torch.randn(m, generator=g), torch.randn(m, generator=g)
+
+    def run(keep: bool):
+        hh = h.clone().requires_grad_(True)
+        head.weight.grad = None
+        lp, ent = lm_head_logprobs(hh, head, t, temperature=0.7, chunk_size=16, with_entropy=True,
+                                   compile_backend=backend, keep_logits=keep)
+        ((lp * a).sum() + (ent * b).sum()).backward()
+        return lp.detach(), ent.detach(), hh.grad, head.weight.grad.clone()
+
+    recomputed, kept = run(False), run(True)
+    for x, y in zip(kept, recomputed):
+        assert torch.equal(x, y)
+    # the same comparison sees a kept chunk read at the wrong position
+    import trainer.ops.logprobs as lpmod
+
+    real = lpmod._LMHeadLogprobs.backward
+
+    def swapped(ctx, *grads):
+        if ctx.kept:
+            ctx.kept[0], ctx.kept[1] = ctx.kept[1], ctx.kept[0]
+        return real(ctx, *grads)
+
+    lpmod._LMHeadLogprobs.backward = staticmethod(swapped)
+    try:
+        broken = run(True)
+    finally:
+        lpmod._LMHeadLogprobs.backward = staticmethod(real)
+    assert not torch.equal(broken[2], recomputed[2]) and not torch.equal(broken[3], recomputed[3])

@@ -5,10 +5,9 @@
 # Wheels in .whlm (megatron-core 0.19.2, mbridge 0.15.1, einops, pydantic and its helpers).
 # Order, while time is left: the one-layer GPU check (tools/sm90/dispatch_gpu_check.py: host syncs, error against
 # fp32, layer time); the actor rows at 8x1024 accum 1 (alltoall, local, fsdp2) and 8x4096 accum 8 (alltoall,
-# local, fsdp2), each variant a process of its own (--warmup 2 --steps 3, Qwen3-30B-A3B width, 4 layers, the
-# issue's table); the parity checks of runs 10-11 with the new code; the 8x1024 pair again in reverse order; the
-# local dispatcher's 8x1024 step profiled. Writes $OUT/log.txt, $OUT/profiles_local.txt, every JSON in
-# $OUT/results.tar.gz.
+# local, fsdp2, then both backends with actor.lm_head_keep_logits), each variant a process of its own (--warmup 2
+# --steps 3, Qwen3-30B-A3B width, 4 layers, the issue's table); the parity checks of runs 10-11 with the new code;
+# the 8x1024 rows again. Writes $OUT/log.txt, every JSON in $OUT/results.tar.gz.
 set -u
 BUDGET=${1:-560}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whlm/*.whl || exit 1
@@ -21,34 +20,40 @@ log() { grep --line-buffered -v -i "warn\|Writing model shards\|USDT\|destroy_pr
   echo "commit ${COMMIT:-unknown}"
   python3 -c "import sys,torch,transformers,triton,megatron.core as m;print(sys.version.split()[0],torch.__version__,transformers.__version__,triton.__version__,m.__version__)"
 } 2>&1 | log
-# one bench process: name, variant, batch, seq, accum, limit, profile(0/1)
+# one bench process: name, variant, batch, seq, accum, limit
 one() {
-  local name=$1 v=$2 b=$3 s=$4 a=$5 lim=$6 prof=$7
+  local name=$1 v=$2 b=$3 s=$4 a=$5 lim=$6
   local l=$(left $lim)
   [ "$l" -lt 25 ] && { echo "=== SKIP $name (no time) t=$SECONDS" | log; return; }
   echo "=== $v L4 ${b}x$s accum $a (limit $l s) t=$SECONDS" | log
-  local pargs=() env=()
-  [ "$prof" = 1 ] && pargs=(--profile "$v") && env=(PROF_OUT=$OUT/profiles_local.txt)
-  env "${env[@]}" timeout $l python3 tools/sm90/moe_profile.py --bench --layers 4 --batch $b --seq $s --accum $a \
-    --warmup 2 --steps 3 --variants "$v" "${pargs[@]}" --out $R/$name.json 2>&1 | log
+  timeout $l python3 -m trainer.bench.moe_backends --bench --layers 4 --batch $b --seq $s --accum $a \
+    --warmup 2 --steps 3 --variants "$v" --out $R/$name.json 2>&1 | log
   echo "=== rc ${PIPESTATUS[0]} t=$SECONDS" | log
 }
 echo "=== dispatch gpu check t=$SECONDS" | log
 timeout $(left 100) python3 tools/sm90/dispatch_gpu_check.py --out $R/dispatch_check.json 2>&1 | log
-one a1_alltoall "megatron actor alltoall" 8 1024 1 60 0
-one a1_local "megatron actor" 8 1024 1 60 0
-one a1_fsdp2 "fsdp2 actor" 8 1024 1 60 0
-one s4096_alltoall "megatron actor alltoall" 8 4096 8 90 0
-one s4096_local "megatron actor" 8 4096 8 90 0
-one s4096_fsdp2 "fsdp2 actor" 8 4096 8 90 0
+one a1_alltoall "megatron actor alltoall" 8 1024 1 60
+one a1_local "megatron actor" 8 1024 1 60
+one a1_fsdp2 "fsdp2 actor" 8 1024 1 60
+one s4096_alltoall "megatron actor alltoall" 8 4096 8 90
+one s4096_local "megatron actor" 8 4096 8 90
+one s4096_fsdp2 "fsdp2 actor" 8 4096 8 90
+# kept logits at 8 x 4096: 9.7 GB more per micro-batch over a 73.5 GiB peak, more than an H100 holds
+if [ "$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)" -gt 100000 ]; then
+  one s4096_local_keep "megatron actor keep logits" 8 4096 8 90
+  one s4096_fsdp2_keep "fsdp2 actor keep logits" 8 4096 8 90
+else
+  echo "=== SKIP the 8x4096 kept-logits rows (under 100 GB of GPU memory)" | log
+fi
+one a1_local_keep "megatron actor keep logits" 8 1024 1 60
 echo "=== check t=$SECONDS" | log
 A=$PWD/reports/sm90/moe_run10 B=$PWD/reports/sm90/moe_run11
 timeout $(left 90) python3 -m trainer.bench.moe_backends --check \
   $A/reference_sgd.pt,$A/reference_adam_linear.pt,$B/reference_sgd_bf16.pt,$B/reference_adam_linear_bf16.pt \
   --out $R/check.json 2>&1 | log
-one a1_local_2 "megatron actor" 8 1024 1 50 0
-one a1_alltoall_2 "megatron actor alltoall" 8 1024 1 50 0
-one a1_local_prof "megatron actor" 8 1024 1 60 1
+one a1_fsdp2_keep "fsdp2 actor keep logits" 8 1024 1 60
+one a1_local_2 "megatron actor" 8 1024 1 50
+one a1_alltoall_2 "megatron actor alltoall" 8 1024 1 50
 echo "=== summary t=$SECONDS" | log
 python3 - $R <<'PY' 2>&1 | log
 import json, glob, os, sys

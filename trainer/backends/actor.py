@@ -182,7 +182,7 @@ class Actor:
             kw = {}
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=autocast):
             return fn(model, micro, temperature=self.temperature, chunk_size=self.cfg.logprob_chunk_size,
-                      with_entropy=with_entropy, **kw)
+                      with_entropy=with_entropy, keep_logits=self.cfg.lm_head_keep_logits, **kw)
 
     def reference_policy(self, model: torch.nn.Module) -> torch.nn.Module:
         """The KL loss's frozen reference policy, for `compute_logprobs(batch, model=ref)`: `model` (a copy of the

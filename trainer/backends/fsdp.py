@@ -110,8 +110,8 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def sharded_response_logprobs(model: torch.nn.Module, batch, *, temperature: float = 1.0, chunk_size: int = 1024,
-                              with_entropy: bool = False, lm_head_compile_backend: str | None = None
-                              ) -> tuple[torch.Tensor, torch.Tensor]:
+                              with_entropy: bool = False, lm_head_compile_backend: str | None = None,
+                              keep_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """`response_logprobs` for an FSDP2-sharded model: `(logprobs [N, R], entropy [N, R])`.
 
     FSDP2 all-gathers a unit's parameters in its forward pre-hook, so the root unit (embeddings,
@@ -120,7 +120,8 @@ def sharded_response_logprobs(model: torch.nn.Module, batch, *, temperature: flo
     hidden states with a forward hook, and apply the chunked LM head to the response positions.
     The root keeps its parameters unsharded after forward (FSDP2's default for the root), so the
     head's weight is a plain tensor here and its gradient is reduced at the end of backward.
-    `lm_head_compile_backend`: the LM-head chunks compiled (`actor.lm_head_compile`).
+    `lm_head_compile_backend`: the LM-head chunks compiled (`actor.lm_head_compile`); `keep_logits`:
+    `actor.lm_head_keep_logits` (`lm_head_logprobs`).
     """
     from trainer.ops.logprobs import lm_head_logprobs
 
@@ -135,4 +136,5 @@ def sharded_response_logprobs(model: torch.nn.Module, batch, *, temperature: flo
     p, r = batch.prompt_len, batch.responses.shape[1]
     hidden = captured["h"][:, p - 1:p - 1 + r]  # [N, R, H]
     return lm_head_logprobs(hidden, model.get_output_embeddings(), batch.responses, temperature=temperature,
-                            chunk_size=chunk_size, with_entropy=with_entropy, compile_backend=lm_head_compile_backend)
+                            chunk_size=chunk_size, with_entropy=with_entropy, compile_backend=lm_head_compile_backend,
+                            keep_logits=keep_logits)

@@ -25,7 +25,8 @@ variants, `fsdp2 actor` and `megatron actor`, time what the training loops run i
 clipping) on rows of `ACTOR_PROMPT` prompt tokens plus a response, both with fp32 master weights:
 transformers' model under `actor.mixed_precision: bf16_params`, and `MegatronActor` with megatron's DDP
 and distributed optimizer, its MoE layers dispatched as the loops do (`actor.megatron.token_dispatcher`
-auto: the local dispatcher at EP 1; `megatron actor alltoall`: megatron's alltoall dispatcher). Their MFU
+auto: the local dispatcher at EP 1; `megatron actor alltoall`: megatron's alltoall dispatcher); the
+`... keep logits` variants set `actor.lm_head_keep_logits` (no LM-head recompute in the backward). Their MFU
 counts the LM head on response tokens only. Run each variant in a process of its own when memory is tight
 (`--variants "megatron actor"`).
 """
@@ -435,13 +436,14 @@ def rl_batch(c, rows: int, seq: int, prompt: int):
 
 
 def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: str, prompt: int = ACTOR_PROMPT,
-                profile: bool = False, accum: int = 1, token_dispatcher: str = "auto") -> dict:
+                profile: bool = False, accum: int = 1, token_dispatcher: str = "auto", keep_logits: bool = False) -> dict:
     """One optimizer step of the actor the training loops run (`Actor.update`: the policy loss of
     `trainer/algorithms`, log-probs through the chunked LM head, gradient clipping) on `accum`
     micro-batches of `batch` rows: `backend="fsdp2"` is transformers' model (grouped_mm experts) under
     `actor.mixed_precision: bf16_params` (bf16 params, fp32 masters and grad accumulation, fused AdamW),
     `"megatron"` the `MegatronActor` with megatron's DDP and distributed optimizer (fp32 masters) and the
-    MoE token dispatcher `actor.megatron.token_dispatcher=token_dispatcher` gives (auto: the loops' default)."""
+    MoE token dispatcher `actor.megatron.token_dispatcher=token_dispatcher` gives (auto: the loops' default);
+    `keep_logits`: `actor.lm_head_keep_logits`."""
     from trainer.backends.actor import Actor
 
     # strategy as the loops set it: with actor.strategy=megatron the update runs no optimizer / loss witness
@@ -450,7 +452,7 @@ def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: st
     cfg = ActorConfig(lr=1e-5, ppo_mini_batch_size=batch * accum, ppo_micro_batch_size_per_gpu=batch, grad_clip=1.0,
                       mixed_precision="bf16_params" if backend == "fsdp2" else "none",
                       strategy="fsdp2" if backend == "fsdp2" else "megatron",
-                      megatron={"token_dispatcher": token_dispatcher})
+                      megatron={"token_dispatcher": token_dispatcher}, lm_head_keep_logits=keep_logits)
     torch.manual_seed(0)
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # CPU: a smoke test of the code path
     if backend == "fsdp2":
@@ -489,6 +491,7 @@ def bench_actor(c, batch: int, seq: int, warmup: int, steps: int, *, backend: st
 
     s = _timed(step, warmup, steps)
     out = {"seconds": s, "backend": backend, "prompt_tokens": prompt, "grad_norm": last.get("actor/grad_norm"),
+           "lm_head_keep_logits": keep_logits,
            "perf_mfu_actor": last.get("perf/mfu/actor"), **info}
     if profile:
         out["profile"] = _profile(step)
@@ -527,6 +530,8 @@ VARIANTS = {
     "fsdp2 actor": (bench_actor, {"backend": "fsdp2"}),
     "megatron actor": (bench_actor, {"backend": "megatron"}),
     "megatron actor alltoall": (bench_actor, {"backend": "megatron", "token_dispatcher": "alltoall"}),
+    "megatron actor keep logits": (bench_actor, {"backend": "megatron", "keep_logits": True}),
+    "fsdp2 actor keep logits": (bench_actor, {"backend": "fsdp2", "keep_logits": True}),
 }
 
 

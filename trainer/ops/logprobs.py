@@ -17,7 +17,10 @@ LM head (`lm_head_logprobs`): one autograd function over response positions only
 at columns P-1 .. P+R-2), looping over chunks of `chunk_size` tokens so that no more than one
 chunk of `[chunk, V]` logits is alive. Forward keeps only the per-token `lse` and `H`; backward
 recomputes each chunk's logits (one matmul) and writes the logit gradient in closed form
-instead of replaying the autograd graph of log_softmax / gather / exp / sum:
+instead of replaying the autograd graph of log_softmax / gather / exp / sum. `keep_logits`
+(`actor.lm_head_keep_logits`) trades that matmul for memory: the forward keeps every chunk's logits
+in the matmul dtype (`[M, V]`, 2 bytes each in bf16) and the backward reads them, the same values the
+recompute would give:
 
     p = softmax(z),  logp = z - lse
     d logp_t / d z   = onehot(t) - p
@@ -62,18 +65,15 @@ ROW_MULTIPLE = 256  # compiled mode: the last LM-head chunk is padded to a multi
 SEQ_MULTIPLE = 128  # compiled mode: decoder inputs are right-padded to a multiple of this many tokens
 
 
-def _chunk_logits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """fp32 `z = (h @ w.T + bias) / temperature` for one chunk: `[C, V]`."""
-    z = F.linear(h, w, None if bias is None else bias.to(w.dtype)).float()  # [C, V]
-    if temperature != 1.0:
-        z.div_(temperature)
-    return z
+def _linear(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """One chunk's logits in the matmul dtype, `h @ w.T + bias`: `[C, V]`."""
+    return F.linear(h, w, None if bias is None else bias.to(w.dtype))
 
 
-def _chunk_stats(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, temperature: float,
+def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`(logp [C], lse [C], H [C])` of one chunk, written functionally for `torch.compile`."""
-    z = F.linear(h, w, None if bias is None else bias.to(w.dtype)).float() / temperature  # [C, V]
+    """`(logp [C], lse [C], H [C])` of one chunk's logits, written functionally for `torch.compile`."""
+    z = logits.float() / temperature  # [C, V]
     lse = torch.logsumexp(z, dim=-1)  # [C]
     logp = z.gather(-1, targets[:, None]).squeeze(-1) - lse  # [C]
     if with_entropy:
@@ -84,16 +84,17 @@ def _chunk_stats(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, ta
     return logp, lse, ent
 
 
-def _chunk_dlogits(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor, lse: torch.Tensor,
-                   ent: torch.Tensor, g_lp: torch.Tensor, g_h: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """Closed-form `d loss / d logits` of one chunk in `w.dtype` (`g_lp`, `g_h` already divided by temperature)."""
-    z = F.linear(h, w, None if bias is None else bias.to(w.dtype)).float() / temperature  # [C, V]
+def _chunk_dlogits(logits: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor, ent: torch.Tensor, g_lp: torch.Tensor,
+                   g_h: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """Closed-form `d loss / d logits` of one chunk in the logits' dtype (`g_lp`, `g_h` already divided by
+    temperature)."""
+    z = logits.float() / temperature  # [C, V]
     logp = z - lse[:, None]  # [C, V]
     p = logp.exp()
     coef = -g_lp[:, None] if g_h is None else -(g_h[:, None] * (logp + ent[:, None]) + g_lp[:, None])  # [C, V]
     cols = torch.arange(z.shape[1], device=z.device)  # [V]
     onehot = (cols[None, :] == targets[:, None]).float()  # [C, V]
-    return (p * coef + onehot * g_lp[:, None]).to(w.dtype)
+    return (p * coef + onehot * g_lp[:, None]).to(logits.dtype)
 
 
 _COMPILED: dict[str, tuple[Callable, Callable]] = {}
@@ -141,13 +142,14 @@ class _LMHeadLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, targets: torch.Tensor,
                 temperature: float, chunk_size: int, with_entropy: bool, compute_dtype: torch.dtype,
-                compile_backend: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+                compile_backend: str | None, keep_logits: bool) -> tuple[torch.Tensor, torch.Tensor]:
         h = hidden.to(compute_dtype)  # [M, H]
         w = weight.to(compute_dtype)  # [V, H] (a copy only for fp32 weights under autocast)
         m = h.shape[0]
         logp = torch.empty(m, dtype=torch.float32, device=h.device)  # [M]
         lse = torch.empty_like(logp)  # [M]
         ent = torch.zeros_like(logp)  # [M]
+        kept: list[torch.Tensor] = []  # keep_logits: each chunk's logits, for the backward
         ctx.compile_backend = compile_backend
         if compile_backend is not None:
             stats, _ = compiled_chunk_fns(compile_backend)
@@ -156,24 +158,31 @@ class _LMHeadLogprobs(torch.autograd.Function):
                 hc, tc = hd[i:i + chunk_size], targets[i:i + chunk_size]
                 n = hc.shape[0]
                 rows = _padded_rows(n, chunk_size)
-                c_logp, c_lse, c_ent = stats(_pad_rows(hc, rows), wd, bias, _pad_rows(tc, rows), temperature, with_entropy)
+                logits = _linear(_pad_rows(hc, rows), wd, bias)  # [rows, V]
+                c_logp, c_lse, c_ent = stats(logits, _pad_rows(tc, rows), temperature, with_entropy)
                 logp[i:i + n], lse[i:i + n], ent[i:i + n] = c_logp[:n], c_lse[:n], c_ent[:n]
-            ctx.save_for_backward(h, w, bias, targets, lse, ent)
-            ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
-            ctx.weight_dtype, ctx.hidden_dtype = weight.dtype, hidden.dtype
-            ctx.set_materialize_grads(False)
-            return logp, ent
-        for i in range(0, m, chunk_size):
-            z = _chunk_logits(h[i:i + chunk_size], w, bias, temperature)  # [C, V]
-            c_lse = torch.logsumexp(z, dim=-1)  # [C]
-            lse[i:i + chunk_size] = c_lse
-            logp[i:i + chunk_size] = z.gather(-1, targets[i:i + chunk_size, None]).squeeze(-1) - c_lse
-            if with_entropy:
-                z.sub_(c_lse[:, None])  # log-probs, in place
-                # H = -sum p * logp as a batched dot: [C, 1, V] @ [C, V, 1]
-                ent[i:i + chunk_size] = -torch.bmm(z.exp().unsqueeze(1), z.unsqueeze(2)).view(-1)
-            del z
+                if keep_logits:
+                    kept.append(logits)
+                del logits
+        else:
+            for i in range(0, m, chunk_size):
+                logits = _linear(h[i:i + chunk_size], w, bias)  # [C, V]
+                if keep_logits:
+                    kept.append(logits)
+                z = logits.to(torch.float32, copy=keep_logits)  # fp32 logits: a copy, the kept ones stay as they are
+                if temperature != 1.0:
+                    z.div_(temperature)
+                del logits
+                c_lse = torch.logsumexp(z, dim=-1)  # [C]
+                lse[i:i + chunk_size] = c_lse
+                logp[i:i + chunk_size] = z.gather(-1, targets[i:i + chunk_size, None]).squeeze(-1) - c_lse
+                if with_entropy:
+                    z.sub_(c_lse[:, None])  # log-probs, in place
+                    # H = -sum p * logp as a batched dot: [C, 1, V] @ [C, V, 1]
+                    ent[i:i + chunk_size] = -torch.bmm(z.exp().unsqueeze(1), z.unsqueeze(2)).view(-1)
+                del z
         ctx.save_for_backward(h, w, bias, targets, lse, ent)
+        ctx.kept = kept
         ctx.temperature, ctx.chunk_size, ctx.with_entropy = temperature, chunk_size, with_entropy
         ctx.weight_dtype, ctx.hidden_dtype = weight.dtype, hidden.dtype
         ctx.set_materialize_grads(False)
@@ -182,10 +191,11 @@ class _LMHeadLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_logp: torch.Tensor | None, g_ent: torch.Tensor | None):
         h, w, bias, targets, lse, ent = ctx.saved_tensors
+        kept, ctx.kept = ctx.kept, None
         if not ctx.with_entropy:
             g_ent = None
         if g_logp is None and g_ent is None:
-            return None, None, None, None, None, None, None, None, None
+            return None, None, None, None, None, None, None, None, None, None
         t, c = ctx.temperature, ctx.chunk_size
         m = h.shape[0]
         # d loss / d logits is linear in (g_logp, g_ent): fold 1/temperature into them
@@ -196,24 +206,34 @@ class _LMHeadLogprobs(torch.autograd.Function):
         dh = torch.empty_like(h) if need_h else None  # [M, H]
         dw = torch.zeros(w.shape, dtype=torch.float32, device=w.device) if need_w else None  # [V, H] fp32 sum
         db = torch.zeros(w.shape[0], dtype=torch.float32, device=w.device) if need_b else None  # [V]
+
+        def chunk_logits(k: int, hc: torch.Tensor) -> torch.Tensor:
+            """The chunk's logits: kept from the forward, else recomputed (the same matmul)."""
+            if kept:
+                logits, kept[k] = kept[k], None
+                return logits
+            return _linear(hc, w, bias)
+
         if ctx.compile_backend is not None:
             _, dlogits = compiled_chunk_fns(ctx.compile_backend)
             h, w, lse, ent = h.detach(), w.detach(), lse.detach(), ent.detach()
-            for i in range(0, m, c):
+            for k, i in enumerate(range(0, m, c)):
                 hc = h[i:i + c]
                 n = hc.shape[0]
                 r = _padded_rows(n, c)
-                d_logits = dlogits(_pad_rows(hc, r), w, bias, _pad_rows(targets[i:i + c], r), _pad_rows(lse[i:i + c], r),
-                                   _pad_rows(ent[i:i + c], r), _pad_rows(g_lp[i:i + c], r),
+                d_logits = dlogits(chunk_logits(k, _pad_rows(hc, r)), _pad_rows(targets[i:i + c], r),
+                                   _pad_rows(lse[i:i + c], r), _pad_rows(ent[i:i + c], r), _pad_rows(g_lp[i:i + c], r),
                                    None if g_h is None else _pad_rows(g_h[i:i + c], r), t)[:n]  # [C, V]
                 _accumulate_chunk_grads(d_logits, hc, w, dh[i:i + c] if need_h else None, dw, db)
                 del d_logits
             return (dh.to(ctx.hidden_dtype) if need_h else None, dw.to(ctx.weight_dtype) if need_w else None,
-                    db.to(bias.dtype) if need_b else None, None, None, None, None, None, None)
+                    db.to(bias.dtype) if need_b else None, None, None, None, None, None, None, None)
         rows = torch.arange(min(c, m), device=h.device)
-        for i in range(0, m, c):
+        for k, i in enumerate(range(0, m, c)):
             hc = h[i:i + c]
-            z = _chunk_logits(hc, w, bias, t)  # [C, V]
+            z = chunk_logits(k, hc).float()  # [C, V]
+            if t != 1.0:
+                z.div_(t)
             z.sub_(lse[i:i + c, None])  # logp
             p = z.exp()  # [C, V]
             if g_h is not None:
@@ -232,23 +252,26 @@ class _LMHeadLogprobs(torch.autograd.Function):
         dh = dh.to(ctx.hidden_dtype) if need_h else None
         dw = dw.to(ctx.weight_dtype) if need_w else None
         db = db.to(bias.dtype) if need_b else None
-        return dh, dw, db, None, None, None, None, None, None
+        return dh, dw, db, None, None, None, None, None, None, None
 
 
 def lm_head_logprobs(hidden: torch.Tensor, lm_head: torch.nn.Module, targets: torch.Tensor, *, temperature: float = 1.0,
-                     chunk_size: int = 1024, with_entropy: bool = False, compile_backend: str | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
+                     chunk_size: int = 1024, with_entropy: bool = False, compile_backend: str | None = None,
+                     keep_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs (and entropy, zeros when not asked) of `targets` [..] given final hidden states [.., H].
-    `compile_backend`: run the chunk math through `torch.compile` with that backend (module docstring)."""
+    `compile_backend`: run the chunk math through `torch.compile` with that backend (module docstring).
+    `keep_logits`: keep each chunk's logits from the forward for the backward instead of recomputing them
+    (`actor.lm_head_keep_logits`; only while gradients are recorded)."""
     shape = targets.shape
     h = hidden.reshape(-1, hidden.shape[-1])  # [M, H]
     t = targets.reshape(-1).to(h.device)  # [M]
     weight, bias = lm_head.weight, getattr(lm_head, "bias", None)
     dev = h.device.type
     cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else weight.dtype
+    keep = keep_logits and torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     with torch.autocast(dev, enabled=False):
         logp, ent = _LMHeadLogprobs.apply(h, weight, bias, t, float(temperature), int(chunk_size), with_entropy, cdt,
-                                      compile_backend)
+                                          compile_backend, keep)
     return logp.reshape(shape), ent.reshape(shape)
 
 
@@ -322,14 +345,16 @@ def response_hidden_states(model: torch.nn.Module, batch: Batch, *, share_prompt
 
 def response_logprobs(model: torch.nn.Module, batch: Batch, *, temperature: float = 1.0, chunk_size: int = 1024,
                       with_entropy: bool = False, share_prompts: bool = True, compile_backend: str | None = None,
-                      lm_head_compile_backend: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                      lm_head_compile_backend: str | None = None, keep_logits: bool = False
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """`(logprobs [N, R], entropy [N, R])` of the batch's responses under `model`. `compile_backend`: the
     compiled mode of the module docstring (fixed shapes, no shared-prompt KV path, compiled LM-head chunks);
     the decoder layers themselves are compiled by `trainer.backends.compile.compile_decoder_layers`.
-    `lm_head_compile_backend`: the compiled LM-head chunks alone (`actor.lm_head_compile`), the decoder as it is."""
+    `lm_head_compile_backend`: the compiled LM-head chunks alone (`actor.lm_head_compile`), the decoder as it is;
+    `keep_logits`: `lm_head_logprobs`'s."""
     compiled = compile_backend is not None
     hidden = response_hidden_states(model, batch, share_prompts=share_prompts and not compiled,
                                     seq_multiple=SEQ_MULTIPLE if compiled else 1)
     return lm_head_logprobs(hidden, model.get_output_embeddings(), batch.responses, temperature=temperature,
                             chunk_size=chunk_size, with_entropy=with_entropy,
-                            compile_backend=compile_backend or lm_head_compile_backend)
+                            compile_backend=compile_backend or lm_head_compile_backend, keep_logits=keep_logits)

@@ -615,7 +615,7 @@ class MegatronActor(Actor):
         head = SimpleNamespace(weight=output_weight(self.gpt if gpt is None else gpt)[: self.bridge.vocab_size], bias=None)  # [V, H]
         return lm_head_logprobs(h, head, micro.responses, temperature=self.temperature,
                                 chunk_size=self.cfg.logprob_chunk_size, with_entropy=with_entropy,
-                                compile_backend=self.lm_head_backend)
+                                compile_backend=self.lm_head_backend, keep_logits=self.cfg.lm_head_keep_logits)
 
     # ------------------------------------------------------------------ pipeline parallelism (megatron_pipeline.py)
     def forward_backward(self, micros: list[Batch], loss_fn: LossFn) -> list[MicroBatchOut]:
