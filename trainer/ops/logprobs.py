@@ -70,6 +70,14 @@ def _linear(h: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torc
     return F.linear(h, w, None if bias is None else bias.to(w.dtype))
 
 
+def _scaled(logits: torch.Tensor, temperature: float, copy: bool = False) -> torch.Tensor:
+    """fp32 `z = logits / temperature` of one chunk, `[C, V]` (`copy`: never the logits' own storage)."""
+    z = logits.to(torch.float32, copy=copy)
+    if temperature != 1.0:
+        z.div_(temperature)
+    return z
+
+
 def _chunk_stats(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                  with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """`(logp [C], lse [C], H [C])` of one chunk's logits, written functionally for `torch.compile`."""
@@ -169,9 +177,7 @@ class _LMHeadLogprobs(torch.autograd.Function):
                 logits = _linear(h[i:i + chunk_size], w, bias)  # [C, V]
                 if keep_logits:
                     kept.append(logits)
-                z = logits.to(torch.float32, copy=keep_logits)  # fp32 logits: a copy, the kept ones stay as they are
-                if temperature != 1.0:
-                    z.div_(temperature)
+                z = _scaled(logits, temperature, copy=keep_logits)  # the kept logits stay as they are
                 del logits
                 c_lse = torch.logsumexp(z, dim=-1)  # [C]
                 lse[i:i + chunk_size] = c_lse
@@ -231,9 +237,7 @@ class _LMHeadLogprobs(torch.autograd.Function):
         rows = torch.arange(min(c, m), device=h.device)
         for k, i in enumerate(range(0, m, c)):
             hc = h[i:i + c]
-            z = chunk_logits(k, hc).float()  # [C, V]
-            if t != 1.0:
-                z.div_(t)
+            z = _scaled(chunk_logits(k, hc), t)  # [C, V]
             z.sub_(lse[i:i + c, None])  # logp
             p = z.exp()  # [C, V]
             if g_h is not None:
