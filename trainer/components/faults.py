@@ -20,8 +20,9 @@ fault test pass without a fault.
 
 makes the fully-async rollout worker sleep that long before each decode step of an interruptible
 engine, so the rollouter is the slower side whatever the machine's load and a weight sync always
-meets a generation running (what a partial-rollout test needs to see). A value that is not a
-number >= 0 is an error.
+meets a generation running (what a partial-rollout test needs to see). The driver reads it and hands
+it to each rollout worker it starts (a Ray cluster that an earlier run in the process started keeps
+that run's environment). A value that is not a number >= 0 is an error.
 """
 
 from __future__ import annotations

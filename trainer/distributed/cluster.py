@@ -24,8 +24,7 @@ from trainer.errors import RLBenchError
 
 # Variables every Ray worker must see: thread counts, and NVLink multicast kept off.
 _PASS_ENV = ("OMP_NUM_THREADS", "NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS",
-             "RLBENCH_CACHE", "PYTHONPATH", "HIP_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM",
-             "RLBENCH_ROLLOUT_PACE_S")
+             "RLBENCH_CACHE", "PYTHONPATH", "HIP_VISIBLE_DEVICES", "TOKENIZERS_PARALLELISM")
 
 
 class WorkerDiedError(RLBenchError):

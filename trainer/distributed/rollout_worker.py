@@ -68,7 +68,6 @@ from typing import Any
 import torch
 
 from trainer.components.batch import Batch, batch_from_rollout, concat_batches
-from trainer.components.faults import rollout_pace_s
 from trainer.config import TrainerConfig
 from trainer.errors import ConfigError, RLBenchError
 from trainer.rollout.base import Rollout
@@ -94,7 +93,7 @@ class _Group:
 
 class RolloutWorker:
     def __init__(self, cfg_dict: dict[str, Any], *, max_required_groups: int, groups_per_call: int,
-                 replica: int = 0, num_replicas: int = 1):
+                 replica: int = 0, num_replicas: int = 1, pace_s: float = 0.0):
         from trainer.data.dataset import PromptDataset
         from trainer.models.loading import load_model_and_tokenizer
         from trainer.models.specs import eos_token_ids
@@ -158,7 +157,7 @@ class RolloutWorker:
         self.pause_requested = False
         self.interrupt = False
         self.parked = True
-        self.pace_s = rollout_pace_s()
+        self.pace_s = pace_s  # test-only decode pacing, read by the driver (trainer/components/faults.py)
         self.error: BaseException | None = None
         self.idle_s = 0.0
         self.window_t0 = time.perf_counter()

@@ -71,7 +71,7 @@ from pathlib import Path
 
 from trainer.algorithms.mismatch import rollout_mismatch_metrics
 from trainer.components.checkpoint import checkpoint_root, finish_step
-from trainer.components.faults import fault_point
+from trainer.components.faults import fault_point, rollout_pace_s
 from trainer.components.metrics import MetricsWriter
 from trainer.components.progress import Progress
 from trainer.config import TrainerConfig
@@ -203,7 +203,8 @@ def train_fully_async(cfg: TrainerConfig) -> Path:
         place = place_workers(M, use_gpu, per_node=cfg.trainer.n_gpus_per_node, name="rollout-pg")
         rollouters = [ray.remote(RolloutWorker).options(**place.options(i, max_concurrency=8),
                                                         name="rollouter" if i == 0 else f"rollouter-{i}").remote(
-            cfg.to_dict(), max_required_groups=shares[i], groups_per_call=per_call, replica=i, num_replicas=M)
+            cfg.to_dict(), max_required_groups=shares[i], groups_per_call=per_call, replica=i, num_replicas=M,
+            pace_s=rollout_pace_s())  # read here: a Ray cluster started by an earlier run keeps its environment
             for i in range(M)]
         rollouter = rollouters[0]  # validation, and the engine facts of a single replica
         trainers = TrainerGroup(cfg, num_workers=a.train_gpus, use_gpu=use_gpu, with_engine=False)
