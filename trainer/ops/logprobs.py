@@ -33,10 +33,10 @@ fp32 too). An entropy that receives no gradient (it is only a metric when `entro
 costs nothing in backward. The matmuls run in the autocast dtype when autocast is on (fp32
 weights are cast once per call), else in the weight's dtype; softmax statistics are fp32.
 
-Compiled mode (`compiled=True`, `actor.compile`): the per-chunk math runs through two
-`torch.compile(dynamic=False)` functions, `_chunk_stats` (matmul, then lse / target log-prob /
-entropy read straight from the bf16 logits, no fp32 `[C, V]` copy) and `_chunk_dlogits` (matmul,
-then the closed-form logit gradient above in one fused pass that writes the bf16 `d logits`; the
+Compiled mode (`compiled=True`, `actor.compile`): the per-chunk math after the logits matmul runs
+through two `torch.compile(dynamic=False)` functions, `_chunk_stats` (lse / target log-prob /
+entropy read straight from the bf16 logits, no fp32 `[C, V]` copy) and `_chunk_dlogits` (the
+closed-form logit gradient above in one fused pass that writes the bf16 `d logits`; the
 onehot term is a compare against the column index, not a scatter). Each chunk's rows are padded
 up to a multiple of `ROW_MULTIPLE` (the last chunk only) with zero hidden states and zero
 incoming gradient, so their logit gradient is exactly zero and a fixed, small set of shapes is
