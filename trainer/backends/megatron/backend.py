@@ -300,7 +300,7 @@ def build_gpt_model(bridge: Any, *, grouped_experts: bool = True, sdpa_attention
                        share_embeddings_and_output_weights=bool(getattr(bridge.hf_config, "tie_word_embeddings",
                                                                         False)),
                        **kw)
-    if c.num_moe_experts and getattr(bridge, "token_dispatcher", "alltoall") == "local":
+    if c.num_moe_experts and bridge.token_dispatcher == "local":
         from trainer.backends.megatron.dispatch import install_local_dispatch
 
         install_local_dispatch(gpt)
